@@ -1,0 +1,180 @@
+"""Frozen vision backbone over open_clip: per-patch tokens, pooled image embedding, text embedding.
+
+Works for both open_clip tower kinds: the native VisionTransformer and timm-based towers
+(SigLIP2), through open_clip's own `forward_intermediates`. The project's small configs in
+`model/configs/` are registered with open_clip on import, so they are created by name like
+any built-in model.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import open_clip
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from schemas.config import BackboneConfig
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+open_clip.add_model_config(CONFIG_DIR)
+
+
+def _register_timm_models() -> None:
+    """A tiny SigLIP-style timm ViT (no class token, MAP pooling) for tests and the embedded default."""
+    from timm.models import register_model
+    from timm.models.vision_transformer import VisionTransformer
+    import timm
+
+    if "vit_edje_tiny_siglip_64" in timm.list_models("vit_edje_*"):
+        return
+
+    @register_model
+    def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
+        args = dict(img_size=64, patch_size=8, embed_dim=96, depth=2, num_heads=2, class_token=False,
+                    global_pool="map", fc_norm=False)
+        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm factory bookkeeping
+            kwargs.pop(key, None)
+        return VisionTransformer(**{**args, **kwargs})
+
+
+_register_timm_models()
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """What the model expects of an image: square size, normalisation, resize mode."""
+
+    size: int
+    mean: Tuple[float, float, float]
+    std: Tuple[float, float, float]
+    interpolation: str = "bicubic"
+    resize_mode: str = "shortest"
+
+
+class VisionBackbone(nn.Module):
+    """A frozen open_clip model exposing `encode_tokens`, `encode_image`, `encode_text`."""
+
+    def __init__(self, clip: nn.Module, cfg: BackboneConfig):
+        super().__init__()
+        self.config = cfg
+        self.clip = clip.eval().requires_grad_(False)
+        self.visual = clip.visual
+        self.is_timm = hasattr(self.visual, "trunk")
+        pp = open_clip.get_model_preprocess_cfg(clip)
+        size = pp.get("size", 224)
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        self.preprocess = PreprocessConfig(
+            size=int(size), mean=tuple(pp.get("mean", open_clip.OPENAI_DATASET_MEAN)),
+            std=tuple(pp.get("std", open_clip.OPENAI_DATASET_STD)),
+            interpolation=pp.get("interpolation", "bicubic"), resize_mode=pp.get("resize_mode", "shortest"),
+        )
+        self._tokenizer = None
+        blocks = self.visual.trunk.blocks if self.is_timm else self.visual.transformer.resblocks
+        self.num_blocks = len(blocks)
+        self.register_buffer("_mean", torch.tensor(self.preprocess.mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("_std", torch.tensor(self.preprocess.std).view(1, 3, 1, 1), persistent=False)
+        with torch.no_grad():
+            probe = self.encode(torch.zeros(1, 3, self.preprocess.size, self.preprocess.size))
+        self.num_tokens, self.width = probe[0].shape[1:]
+        self.embed_dim = probe[1].shape[1]
+
+    @classmethod
+    def create(cls, cfg: BackboneConfig, device: str | torch.device = "cpu") -> "VisionBackbone":
+        """Build from an open_clip name plus a pretrained tag or a local checkpoint path (or neither: random)."""
+        pretrained = cfg.pretrained
+        if pretrained and os.path.sep in pretrained and not os.path.exists(pretrained) and "://" not in pretrained:
+            raise FileNotFoundError(f"backbone checkpoint {pretrained} does not exist")
+        if pretrained and "://" in pretrained:
+            pretrained = _fetch(pretrained)
+        clip = open_clip.create_model(cfg.name, pretrained=pretrained or None, device=device)
+        return cls(clip, cfg).to(device)
+
+    @property
+    def token_shape(self) -> Tuple[int, int]:
+        """(n, d) of one image's token matrix."""
+        return int(self.num_tokens), int(self.width)
+
+    @property
+    def tokenizer(self):
+        # Lazy: SigLIP2 tokenizers come from a hub; timing the image tower must not need one.
+        if self._tokenizer is None:
+            self._tokenizer = open_clip.get_tokenizer(self.config.name)
+        return self._tokenizer
+
+    # ------------------------------------------------------------ images
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] or float [B, 3, H, W] in [0, 1] -> normalised float [B, 3, S, S]."""
+        x = self._check_images(images)
+        if x.dtype == torch.uint8:
+            x = x.permute(0, 3, 1, 2).float().div_(255.0)
+        s = self.preprocess.size
+        if x.shape[-2:] != (s, s):
+            x = F.interpolate(x, size=(s, s), mode="bicubic", align_corners=False).clamp_(0, 1)
+        return (x - self._mean) / self._std
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One pass: (tokens [B, n, d] at the configured layer, normalised pooled embedding [B, e])."""
+        x = images if images.is_floating_point() and images.dim() == 4 and images.shape[1] == 3 else self.normalize(images)
+        final = self.config.feature_layer == "final"
+        index = self.num_blocks - 1 if final else self.num_blocks - 2
+        out = self.visual.forward_intermediates(
+            x.to(self._mean.dtype), indices=[index], normalize_intermediates=final,
+            output_fmt="NLC", output_extra_tokens=True,
+        )
+        tokens = out["image_intermediates"][0]
+        prefix = out.get("image_intermediates_prefix")
+        if prefix is not None and prefix[0] is not None and prefix[0].shape[1]:
+            tokens = torch.cat([prefix[0], tokens], dim=1)
+        return tokens, F.normalize(out["image_features"].float(), dim=-1)
+
+    def encode_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """Per-patch tokens [B, n, d] (final post-norm by default, or the penultimate block)."""
+        return self.encode(images)[0]
+
+    @torch.no_grad()
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """Normalised pooled image embedding [B, e] (the first stage)."""
+        x = images if images.is_floating_point() and images.dim() == 4 and images.shape[1] == 3 else self.normalize(images)
+        return F.normalize(self.clip.encode_image(x.to(self._mean.dtype)).float(), dim=-1)
+
+    @torch.no_grad()
+    def encode_text(self, texts: Sequence[str]) -> torch.Tensor:
+        """Normalised text embedding [B, e] (the recovery target and the first-stage query)."""
+        if isinstance(texts, str) or any(not isinstance(t, str) for t in texts):
+            raise TypeError("encode_text takes a list of strings")
+        ids = self.tokenizer(list(texts)).to(self._mean.device)
+        return F.normalize(self.clip.encode_text(ids).float(), dim=-1)
+
+    def _check_images(self, images) -> torch.Tensor:
+        if isinstance(images, np.ndarray):
+            images = torch.from_numpy(images)
+        if not isinstance(images, torch.Tensor) or images.dim() != 4:
+            raise ValueError(f"images must be a 4-d tensor, got {getattr(images, 'shape', type(images).__name__)}")
+        if images.dtype == torch.uint8:
+            if images.shape[-1] != 3:
+                raise ValueError(f"uint8 images must be [B, H, W, 3], got {list(images.shape)}")
+        elif images.is_floating_point():
+            if images.shape[1] != 3:
+                raise ValueError(f"float images must be [B, 3, H, W], got {list(images.shape)}")
+        else:
+            raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
+        return images.to(self._mean.device)
+
+
+def _fetch(url: str) -> str:
+    """Copy a remote (fsspec) checkpoint to a local cache file; open_clip loads local files."""
+    import fsspec
+    import hashlib
+    import tempfile
+
+    local = Path(tempfile.gettempdir()) / "edje-ckpt" / hashlib.sha1(url.encode()).hexdigest() / Path(url).name
+    if not local.exists():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fsspec.core.url_to_fs(url)[0].get(url, str(local))
+    return str(local)

@@ -1,0 +1,154 @@
+"""The trainable EDJE model: adapter + joint encoder, and its checkpoint (safetensors + JSON config)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Optional
+
+import fsspec
+import torch
+from safetensors.torch import load, save
+from torch import nn
+
+from model.adapters import build_adapter
+from model.joint_encoder import JointEncoder
+from schemas.config import EDJEConfig, from_dict, to_json
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TOKENIZER = "tokenizer"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, or does not match the config it is loaded with."""
+
+
+class EDJEModel(nn.Module):
+    """Adapter (backbone tokens -> LM tokens) followed by the joint encoder."""
+
+    def __init__(self, cfg: EDJEConfig, load_language_model: bool = True):
+        super().__init__()
+        self.config = cfg
+        expect = cfg.adapter.output_tokens(cfg.encoder.num_image_tokens)
+        if cfg.adapter.kind == "compressed" and cfg.adapter.num_queries != cfg.encoder.num_image_tokens:
+            raise ValueError(f"adapter emits {cfg.adapter.num_queries} tokens but the joint encoder takes "
+                             f"{cfg.encoder.num_image_tokens}")
+        del expect
+        self.adapter = build_adapter(cfg.adapter)
+        self.encoder = JointEncoder(cfg.encoder, load_weights=load_language_model)
+        if cfg.adapter.output_dim != self.encoder.hidden_size:
+            raise ValueError(f"adapter output_dim {cfg.adapter.output_dim} != joint encoder width {self.encoder.hidden_size}")
+
+    def score_backbone_tokens(self, texts, backbone_tokens: torch.Tensor) -> torch.Tensor:
+        """ITM logits for (text, raw backbone tokens) pairs: adapter then joint encoder."""
+        return self.encoder.score(texts, self.adapter(backbone_tokens))
+
+    def adapter_hash(self) -> str:
+        """Content hash of the adapter weights, stored in compressed token tables."""
+        return state_hash(self.adapter)
+
+
+def state_hash(module: nn.Module) -> str:
+    """sha256 (16 hex) over a module's sorted parameter names, shapes and fp32 bytes."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None) -> None:
+    """Write `config.json`, `model.safetensors` and the tokenizer to a directory (any fsspec path)."""
+    fs, root = fsspec.core.url_to_fs(path)
+    fs.makedirs(root, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    with fs.open(f"{root}/{WEIGHTS}", "wb") as f:
+        f.write(save(_untie(state)))
+    meta = {"config": json.loads(to_json(model.config)), "adapter_hash": model.adapter_hash(), **(extra or {})}
+    with fs.open(f"{root}/{CONFIG}", "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+    if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+        model.encoder.tokenizer.save_pretrained(os.path.join(root, TOKENIZER))
+    else:  # tokenizers write to local dirs only; stage and upload
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            model.encoder.tokenizer.save_pretrained(tmp)
+            fs.put(tmp + "/", f"{root}/{TOKENIZER}", recursive=True)
+
+
+def read_checkpoint_config(path: str) -> dict:
+    """The JSON side of a checkpoint: {'config': EDJEConfig dict, 'adapter_hash': ..., ...}."""
+    fs, root = fsspec.core.url_to_fs(path)
+    if not fs.exists(f"{root}/{CONFIG}"):
+        raise CheckpointError(f"{path} is not an EDJE checkpoint: {CONFIG} is missing")
+    with fs.open(f"{root}/{CONFIG}") as f:
+        return json.load(f)
+
+
+def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_location: str = "cpu") -> EDJEModel:
+    """Rebuild an EDJEModel from a checkpoint dir; raise CheckpointError naming any mismatch."""
+    meta = read_checkpoint_config(path)
+    cfg = from_dict(EDJEConfig, meta["config"])
+    if expected is not None and cfg != expected:
+        raise CheckpointError(f"checkpoint {path} config differs from the expected one: {_diff(cfg, expected)}")
+    fs, root = fsspec.core.url_to_fs(path)
+    tokenizer_dir = _local_tokenizer(fs, root)
+    enc = cfg.encoder
+    # Weights come from the checkpoint, so BERT is built from its config, not its pretrained files.
+    bert_cfg = enc.bert_config
+    if bert_cfg is None:
+        from transformers import BertConfig
+        bert_cfg = BertConfig.from_pretrained(enc.language_model).to_dict()
+    local = EDJEConfig(cfg.backbone, cfg.adapter, type(enc)(
+        language_model=None, tokenizer=tokenizer_dir, bert_config=bert_cfg, max_text_tokens=enc.max_text_tokens,
+        num_image_tokens=enc.num_image_tokens, text_embed_dim=enc.text_embed_dim))
+    model = EDJEModel(local, load_language_model=False)
+    model.config = cfg
+    with fs.open(f"{root}/{WEIGHTS}", "rb") as f:
+        state = load(f.read())
+    load_state(model, state, path)
+    return model.to(map_location).eval()
+
+
+def load_state(module: nn.Module, state: dict, where: str) -> None:
+    """load_state_dict(strict) with a message that names the missing, unexpected or misshapen key."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the config expects {list(own[k].shape)}")
+    module.load_state_dict(state, strict=True)
+
+
+def _local_tokenizer(fs, root: str) -> str:
+    if "file" in fs.protocol:
+        return os.path.join(root, TOKENIZER)
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="edje-tok-")
+    fs.get(f"{root}/{TOKENIZER}/", tmp, recursive=True)
+    return tmp
+
+
+def _untie(state: dict) -> dict:
+    # safetensors refuses tensors that share storage (BERT ties decoder and word embeddings).
+    seen, out = set(), {}
+    for k, v in state.items():
+        ptr = (v.data_ptr(), v.numel())
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
+
+
+def _diff(a: EDJEConfig, b: EDJEConfig) -> str:
+    da, db = json.loads(to_json(a)), json.loads(to_json(b))
+    diffs = []
+    for part in da:
+        for k in set(da[part]) | set(db[part]):
+            if da[part].get(k) != db[part].get(k):
+                diffs.append(f"{part}.{k}: {da[part].get(k)!r} != {db[part].get(k)!r}")
+    return "; ".join(diffs)

@@ -1,0 +1,172 @@
+"""Joint encoder over transformers' BERT: `[CLS] caption [SEP] <image>xm [SEP]` -> ITM logit.
+
+Image positions carry the adapter output in place of word embeddings and token type 1.
+Heads: ITM (BERT pooler + linear -> one logit), MLM (BERT's own LM head, caption tokens only),
+text-embedding recovery (text-only [CLS] -> linear -> the backbone's text-embedding width).
+`score(texts, image_tokens)` is the one scoring path for training, evaluation and serving.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
+from transformers.models.bert.modeling_bert import BertPooler
+
+from schemas.config import JointEncoderConfig
+
+
+@dataclass
+class PairBatch:
+    """A tokenised batch of (caption, image tokens) pairs, ready for BERT."""
+
+    input_ids: torch.Tensor  # [B, T]; image positions hold pad ids (their embeddings are replaced)
+    attention_mask: torch.Tensor  # [B, T]
+    token_type_ids: torch.Tensor  # [B, T]
+    image_mask: torch.Tensor  # [B, T] bool, exactly m True per row, in order
+    text_mask: torch.Tensor  # [B, T] bool, caption wordpieces (no special tokens)
+
+
+class JointEncoder(nn.Module):
+    """BERT over caption wordpieces and stored image tokens, with ITM, MLM and recovery heads."""
+
+    def __init__(self, cfg: JointEncoderConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None, load_weights: bool = True):
+        super().__init__()
+        self.config = cfg
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.language_model)
+        if cfg.language_model is not None and load_weights:
+            self.bert = BertForMaskedLM.from_pretrained(cfg.language_model)
+        else:
+            bert_cfg = BertConfig(**cfg.bert_config) if cfg.bert_config else BertConfig.from_pretrained(cfg.language_model)
+            self.bert = BertForMaskedLM(bert_cfg)
+        if self.tokenizer.vocab_size > self.bert.config.vocab_size:
+            raise ValueError(f"tokenizer has {self.tokenizer.vocab_size} wordpieces but the BERT vocabulary has "
+                             f"{self.bert.config.vocab_size}")
+        hidden = self.bert.config.hidden_size
+        self.max_length = cfg.max_text_tokens + 3 + cfg.num_image_tokens
+        extend_position_embeddings(self.bert, self.max_length)
+        self.itm_head = nn.Sequential(BertPooler(self.bert.config), nn.Linear(hidden, 1))
+        self.recovery_head = nn.Linear(hidden, cfg.text_embed_dim)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.bert.config.hidden_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.itm_head[1].weight.device
+
+    # ------------------------------------------------------------ inputs
+    def tokenize_pairs(self, texts: Sequence[str], num_image_tokens: int) -> PairBatch:
+        """Lay out `[CLS] caption [SEP] <image>xm [SEP] [PAD]...` for each caption."""
+        tok = self.tokenizer
+        ids = tok(list(texts), add_special_tokens=False, truncation=True, max_length=self.config.max_text_tokens)["input_ids"]
+        m = num_image_tokens
+        lengths = [len(t) + 3 + m for t in ids]
+        T = max(lengths)
+        b = len(ids)
+        input_ids = torch.full((b, T), tok.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((b, T), dtype=torch.long)
+        types = torch.zeros((b, T), dtype=torch.long)
+        image_mask = torch.zeros((b, T), dtype=torch.bool)
+        text_mask = torch.zeros((b, T), dtype=torch.bool)
+        for i, t in enumerate(ids):
+            n = len(t)
+            input_ids[i, 0] = tok.cls_token_id
+            input_ids[i, 1:n + 1] = torch.tensor(t, dtype=torch.long)
+            input_ids[i, n + 1] = tok.sep_token_id
+            input_ids[i, n + 2 + m] = tok.sep_token_id
+            text_mask[i, 1:n + 1] = True
+            image_mask[i, n + 2:n + 2 + m] = True
+            types[i, n + 2:n + 3 + m] = 1
+            attention[i, :lengths[i]] = 1
+        return PairBatch(input_ids, attention, types, image_mask, text_mask)
+
+    def embed_pairs(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
+        """Word embeddings with the image positions replaced by `image_tokens`."""
+        emb = self.bert.get_input_embeddings()(batch.input_ids)
+        mask = batch.image_mask.unsqueeze(-1).expand_as(emb)
+        return emb.masked_scatter(mask, image_tokens.to(emb.dtype))
+
+    def check_image_tokens(self, texts: Sequence[str], image_tokens: torch.Tensor) -> None:
+        """Shape checks that would otherwise surface as a broadcast or a crash deep in torch."""
+        if not isinstance(image_tokens, torch.Tensor) or image_tokens.dim() != 3:
+            raise ValueError(f"image_tokens must be a [B, m, {self.hidden_size}] tensor, got "
+                             f"{getattr(image_tokens, 'shape', type(image_tokens).__name__)}")
+        if image_tokens.shape[-1] != self.hidden_size:
+            raise ValueError(f"image tokens are {image_tokens.shape[-1]} wide; this joint encoder is {self.hidden_size} wide")
+        if image_tokens.shape[0] != len(texts):
+            raise ValueError(f"{len(texts)} texts but {image_tokens.shape[0]} token matrices")
+        if not image_tokens.is_floating_point():
+            raise TypeError(f"image tokens must be floating point, got {image_tokens.dtype}")
+        if image_tokens.shape[1] != self.config.num_image_tokens:
+            raise ValueError(f"this joint encoder takes {self.config.num_image_tokens} image tokens, got {image_tokens.shape[1]}")
+        if any(not isinstance(t, str) for t in texts):
+            raise TypeError("texts must be strings")
+
+    # ------------------------------------------------------------ forward
+    def encode_pairs(self, texts: Sequence[str], image_tokens: torch.Tensor, input_ids: Optional[torch.Tensor] = None):
+        """Run BERT over pairs; returns (sequence output [B, T, h], PairBatch)."""
+        self.check_image_tokens(texts, image_tokens)
+        batch = _to(self.tokenize_pairs(texts, image_tokens.shape[1]), image_tokens.device)
+        if input_ids is not None:
+            batch.input_ids = input_ids
+        out = self.bert.bert(
+            inputs_embeds=self.embed_pairs(batch, image_tokens),
+            attention_mask=batch.attention_mask,
+            token_type_ids=batch.token_type_ids,
+        )
+        return out.last_hidden_state, batch
+
+    def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
+        """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
+        hidden, _ = self.encode_pairs(texts, image_tokens)
+        return self.itm_head(hidden).squeeze(-1)
+
+    forward = score
+
+    def mlm_logits(self, texts: Sequence[str], image_tokens: torch.Tensor, mask_prob: float = 0.5,
+                   generator: Optional[torch.Generator] = None):
+        """Mask `mask_prob` of caption wordpieces (never special or image tokens); returns (logits, labels)."""
+        self.check_image_tokens(texts, image_tokens)
+        batch = _to(self.tokenize_pairs(texts, image_tokens.shape[1]), image_tokens.device)
+        draw = torch.rand(batch.input_ids.shape, generator=generator).to(image_tokens.device)
+        masked = batch.text_mask & (draw < mask_prob)
+        labels = torch.where(masked, batch.input_ids, torch.full_like(batch.input_ids, -100))
+        input_ids = torch.where(masked, torch.full_like(batch.input_ids, self.tokenizer.mask_token_id), batch.input_ids)
+        hidden, _ = self.encode_pairs(texts, image_tokens, input_ids=input_ids)
+        # Only caption positions carry labels, so the (vocab-wide) LM head runs on those alone.
+        sel = batch.text_mask
+        return self.bert.cls(hidden[sel]), labels[sel]
+
+    def text_embedding(self, texts: Sequence[str]) -> torch.Tensor:
+        """Text-only [CLS] -> recovery head: predicted backbone text embedding [B, text_embed_dim]."""
+        enc = self.tokenizer(list(texts), truncation=True, max_length=self.config.max_text_tokens + 2,
+                             padding=True, return_tensors="pt").to(self.device)
+        out = self.bert.bert(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                             token_type_ids=torch.zeros_like(enc["input_ids"]))
+        return self.recovery_head(out.last_hidden_state[:, 0])
+
+
+def extend_position_embeddings(bert: BertForMaskedLM, target: int) -> None:
+    """Grow BERT's learned position table to `target` rows, repeating the last trained row."""
+    emb = bert.bert.embeddings
+    old = emb.position_embeddings
+    n, h = old.weight.shape
+    if n >= target:
+        return
+    new = nn.Embedding(target, h).to(old.weight.device, old.weight.dtype)
+    with torch.no_grad():
+        new.weight[:n] = old.weight
+        new.weight[n:] = old.weight[-1]
+    emb.position_embeddings = new
+    emb.register_buffer("position_ids", torch.arange(target).unsqueeze(0), persistent=False)
+    if hasattr(emb, "token_type_ids"):
+        emb.register_buffer("token_type_ids", torch.zeros(1, target, dtype=torch.long), persistent=False)
+    bert.config.max_position_embeddings = target
+
+
+def _to(batch: PairBatch, device: torch.device) -> PairBatch:
+    return PairBatch(*(getattr(batch, f).to(device) for f in PairBatch.__dataclass_fields__))

@@ -1,0 +1,167 @@
+"""Paraphrased captions for a scene, from templates and synonyms.
+
+Every caption names every object with all three attributes, bound together as
+"<size> <colour> <shape>" or "<colour> <shape> (<size>)", and states every relation, so a
+caption determines the scene's meaning. Choices are driven by a pre-drawn vector of
+uniforms per caption: the random stream consumed does not depend on the scene's content,
+so all members of a family (same structure, same caption seed) get the same templates and
+synonym slots, i.e. captions with (nearly) the same words in a different binding.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .scene import INVERSE, Scene, SceneObject
+
+SIZE_WORDS: dict[str, tuple[str, ...]] = {"small": ("small", "little"), "large": ("large", "big")}
+COLOUR_WORDS: dict[str, tuple[str, ...]] = {
+    "red": ("red",),
+    "green": ("green",),
+    "blue": ("blue",),
+    "yellow": ("yellow",),
+    "purple": ("purple", "violet"),
+    "orange": ("orange",),
+    "white": ("white",),
+    "black": ("black",),
+}
+SHAPE_WORDS: dict[str, tuple[str, ...]] = {
+    "circle": ("circle", "disc"),
+    "square": ("square",),
+    "triangle": ("triangle",),
+    "star": ("star",),
+    "cross": ("cross", "plus sign"),
+    "diamond": ("diamond", "rhombus"),
+}
+# "<subject> REL <object>"
+RELATION_WORDS: dict[str, tuple[str, ...]] = {
+    "left_of": ("to the left of", "left of", "on the left of"),
+    "right_of": ("to the right of", "right of", "on the right of"),
+    "above": ("above", "over"),
+    "below": ("below", "beneath", "under"),
+}
+SHORT_RELATION: dict[str, str] = {"left_of": "left of", "right_of": "right of", "above": "above", "below": "below"}
+# "... and, PRON, <thing>": the thing is REL of "it"
+PRONOUN_RELATION: dict[str, str] = {
+    "left_of": "to its left",
+    "right_of": "to its right",
+    "above": "above it",
+    "below": "below it",
+}
+# "between <a> SIDE and <c> SIDE"
+SIDE: dict[str, str] = {"left_of": "on the left", "right_of": "on the right", "above": "at the top", "below": "at the bottom"}
+VERBS: tuple[str, ...] = ("is", "sits", "lies", "appears")
+OPENERS: tuple[str, ...] = ("an image of", "a picture of", "a drawing of")
+
+N_UNIFORMS = 32
+
+
+class _Picker:
+    """Deterministic choices from a fixed vector of uniforms, one per call."""
+
+    def __init__(self, u: np.ndarray) -> None:
+        self.u = u
+        self.i = 0
+
+    def pick(self, options: Sequence[str]) -> str:
+        x = options[int(self.u[self.i] * len(options))]
+        self.i += 1
+        return x
+
+
+def article(phrase: str) -> str:
+    """Prefix ``a``/``an``."""
+    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+
+
+class _Words:
+    """Synonyms chosen once per object per caption, so repeated mentions stay consistent."""
+
+    def __init__(self, obj: SceneObject, p: _Picker) -> None:
+        self.size = p.pick(SIZE_WORDS[obj.size])
+        self.colour = p.pick(COLOUR_WORDS[obj.colour])
+        self.shape = p.pick(SHAPE_WORDS[obj.shape])
+
+    @property
+    def np(self) -> str:
+        """Bare noun phrase: "large red circle"."""
+        return f"{self.size} {self.colour} {self.shape}"
+
+    @property
+    def a(self) -> str:
+        """With article: "a large red circle"."""
+        return article(self.np)
+
+    @property
+    def paren(self) -> str:
+        """Terse: "red circle (large)"."""
+        return f"{self.colour} {self.shape} ({self.size})"
+
+
+def _two(w: list[_Words], rel: str, t: int, p: _Picker) -> str:
+    x, y = w
+    inv = INVERSE[rel]
+    if t == 0:
+        return f"{x.a} {p.pick(RELATION_WORDS[rel])} {y.a}"
+    if t == 1:
+        return f"{y.a} {p.pick(VERBS)} {p.pick(RELATION_WORDS[inv])} {x.a}"
+    if t == 2:
+        return f"there is {x.a} and, {PRONOUN_RELATION[inv]}, {y.a}"
+    if t == 3:
+        return f"{x.paren} {SHORT_RELATION[rel]} {y.np}"
+    if t == 4:
+        return f"{x.a} and {y.a}; the {x.shape} is {p.pick(RELATION_WORDS[rel])} the {y.shape}"
+    if t == 5:
+        return f"{p.pick(OPENERS)} {x.a} placed {p.pick(RELATION_WORDS[rel])} {y.a}"
+    if t == 6:
+        return f"the {y.np} is {p.pick(RELATION_WORDS[inv])} the {x.np}"
+    if t == 7:
+        return f"{x.np} {SHORT_RELATION[rel]} {y.np}"
+    raise IndexError(t)
+
+
+def _three(w: list[_Words], r1: str, r2: str, row: bool, t: int, p: _Picker) -> str:
+    # Object 1 is the anchor: "0 r1 1" and "2 r2 1".
+    a, b, c = w
+    if t == 0:
+        return f"{a.a} {p.pick(RELATION_WORDS[r1])} {b.a}, and {c.a} {p.pick(RELATION_WORDS[r2])} the {b.shape}"
+    if t == 1:
+        return f"{b.a} with {a.a} {PRONOUN_RELATION[r1]} and {c.a} {PRONOUN_RELATION[r2]}"
+    if t == 2:
+        if row:
+            return f"{b.a} between {a.a} {SIDE[r1]} and {c.a} {SIDE[r2]}"
+        return f"{a.a} {p.pick(RELATION_WORDS[r1])} {b.a}, which is {p.pick(RELATION_WORDS[INVERSE[r2]])} {c.a}"
+    if t == 3:
+        return f"there is {b.a}; {a.a} is {p.pick(RELATION_WORDS[r1])} it and {c.a} is {p.pick(RELATION_WORDS[r2])} it"
+    if t == 4:
+        return f"{a.np} {SHORT_RELATION[r1]} {b.np}; {c.np} {SHORT_RELATION[r2]} {b.np}"
+    if t == 5:
+        return (
+            f"{c.a} {p.pick(VERBS)} {p.pick(RELATION_WORDS[r2])} {b.a}, "
+            f"while {a.a} is {p.pick(RELATION_WORDS[r1])} the {b.shape}"
+        )
+    raise IndexError(t)
+
+
+N_TEMPLATES = {2: 8, 3: 6}
+
+
+def make_captions(scene: Scene, n: int, seed: int) -> list[str]:
+    """``n`` paraphrased captions of ``scene``; distinct templates until they run out."""
+    rng = np.random.default_rng(seed)
+    n_obj = len(scene.objects)
+    order = rng.permutation(N_TEMPLATES[n_obj])
+    rels = [r.predicate for r in scene.relations]
+    out = []
+    for i in range(n):
+        p = _Picker(rng.random(N_UNIFORMS))
+        words = [_Words(o, p) for o in scene.objects]
+        t = int(order[i % len(order)])
+        if n_obj == 2:
+            text = _two(words, rels[0], t, p)
+        else:
+            text = _three(words, rels[0], rels[1], scene.is_row, t, p)
+        out.append(text)
+    return out

@@ -1,0 +1,107 @@
+"""Rasterise a scene to RGB pixels and encode it as JPEG.
+
+Shapes are rasterised with numpy as exact half-plane / distance tests on a 4x supersampled
+grid (anti-aliased by counting covered sub-pixels), using only exactly rounded float ops and
+integer noise, so the pixel array is identical on every machine; Pillow is used only to
+encode. JPEG bytes are then identical for a given Pillow/libjpeg build.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+from .scene import COLOURS, Scene, SceneObject
+
+SUPERSAMPLE = 4
+JPEG_QUALITY = 90
+NOISE_AMPLITUDE = 3  # uniform integer noise in [-3, 3] per channel: "lightly noisy"
+
+# Shape geometry in unit coordinates (half-extent 1, y down). Literals rather than computed
+# with cos/sin so that no libm difference can move a vertex.
+_TRIANGLE = ((0.0, -0.95), (1.0, 0.8), (-1.0, 0.8))
+_STAR_OUTER = ((0.0, -1.0), (0.951057, -0.309017), (0.587785, 0.809017), (-0.587785, 0.809017), (-0.951057, -0.309017))
+_STAR_INNER = ((0.264503, -0.364058), (0.427975, 0.139058), (0.0, 0.45), (-0.427975, 0.139058), (-0.264503, -0.364058))
+# A five-pointed star is the union of five convex kites: centre, inner[k-1], outer[k], inner[k].
+_STAR_KITES = tuple(((0.0, 0.0), _STAR_INNER[k - 1], _STAR_OUTER[k], _STAR_INNER[k]) for k in range(5))
+_SQUARE_HALF = 0.86
+_CROSS_ARM = 0.32
+_CROSS_LEN = 0.95
+
+
+def _convex(u: np.ndarray, v: np.ndarray, poly: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """Inside test for a convex polygon given in either winding order."""
+    area2 = sum(poly[i][0] * poly[i - 1][1] - poly[i - 1][0] * poly[i][1] for i in range(len(poly)))
+    sign = 1.0 if area2 > 0 else -1.0
+    inside = np.ones(np.broadcast_shapes(u.shape, v.shape), dtype=bool)
+    for i in range(len(poly)):
+        (ax, ay), (bx, by) = poly[i - 1], poly[i]
+        cross = (bx - ax) * (v - ay) - (by - ay) * (u - ax)
+        inside &= sign * cross <= 0
+    return inside
+
+
+def shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Boolean coverage of ``shape`` at unit coordinates (u, v) (broadcast together)."""
+    if shape == "circle":
+        return u * u + v * v <= 1.0
+    if shape == "square":
+        return (np.abs(u) <= _SQUARE_HALF) & (np.abs(v) <= _SQUARE_HALF)
+    if shape == "diamond":
+        return np.abs(u) + np.abs(v) <= 1.0
+    if shape == "triangle":
+        return _convex(u, v, _TRIANGLE)
+    if shape == "cross":
+        au, av = np.abs(u), np.abs(v)
+        return ((au <= _CROSS_ARM) & (av <= _CROSS_LEN)) | ((au <= _CROSS_LEN) & (av <= _CROSS_ARM))
+    if shape == "star":
+        out = _convex(u, v, _STAR_KITES[0])
+        for kite in _STAR_KITES[1:]:
+            out |= _convex(u, v, kite)
+        return out
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+def _draw(img: np.ndarray, obj: SceneObject) -> None:
+    """Alpha-blend one anti-aliased object into ``img`` (float64, H x W x 3) in place."""
+    size = img.shape[0]
+    r = obj.radius * size
+    cx, cy = obj.center[0] * size, obj.center[1] * size
+    x0, x1 = max(0, math.floor(cx - r) - 1), min(size, math.ceil(cx + r) + 1)
+    y0, y1 = max(0, math.floor(cy - r) - 1), min(size, math.ceil(cy + r) + 1)
+    ss = SUPERSAMPLE
+    xs = (np.arange(x0 * ss, x1 * ss, dtype=np.float64) + 0.5) / ss
+    ys = (np.arange(y0 * ss, y1 * ss, dtype=np.float64) + 0.5) / ss
+    u = ((xs - cx) / r)[None, :]
+    v = ((ys - cy) / r)[:, None]
+    mask = shape_mask(obj.shape, u, v)
+    # Integer sub-pixel counts -> exact coverage fractions.
+    cov = mask.reshape(y1 - y0, ss, x1 - x0, ss).sum(axis=(1, 3), dtype=np.int64) / float(ss * ss)
+    cov = cov[:, :, None]
+    colour = np.asarray(COLOURS[obj.colour], dtype=np.float64)
+    patch = img[y0:y1, x0:x1]
+    img[y0:y1, x0:x1] = patch * (1.0 - cov) + colour * cov
+
+
+def render(scene: Scene, size: int, seed: int) -> np.ndarray:
+    """RGB uint8 array (size x size x 3) of the scene; ``seed`` drives only the pixel noise."""
+    img = np.empty((size, size, 3), dtype=np.float64)
+    img[:] = np.asarray(scene.background, dtype=np.float64)
+    for obj in scene.objects:
+        _draw(img, obj)
+    rng = np.random.default_rng(seed)
+    noise = rng.integers(-NOISE_AMPLITUDE, NOISE_AMPLITUDE + 1, size=img.shape, dtype=np.int16)
+    out = np.floor(img + 0.5).astype(np.int16) + noise
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def encode_jpeg(pixels: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
+    """Baseline JPEG, fixed quality and 4:2:0 subsampling, no EXIF or other metadata."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).save(
+        buf, format="JPEG", quality=quality, subsampling="4:2:0", optimize=False, progressive=False
+    )
+    return buf.getvalue()

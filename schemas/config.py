@@ -1,0 +1,117 @@
+"""Typed configuration of every model part: backbone, adapter, joint encoder, codec."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Type, TypeVar
+
+FeatureLayer = Literal["final", "penultimate"]
+AdapterKind = Literal["local", "compressed"]
+Quantization = Literal["fp32", "fp16", "int8", "int4"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """A frozen open_clip model: name, pretrained tag or local checkpoint, token layer."""
+
+    name: str
+    pretrained: Optional[str] = None
+    # "final" = post-norm last-layer tokens (what EDJE uses for SigLIP2);
+    # "penultimate" = output of the second-to-last block (CLIP-style towers).
+    feature_layer: FeatureLayer = "final"
+
+    def __post_init__(self) -> None:
+        if self.feature_layer not in ("final", "penultimate"):
+            raise ValueError(f"feature_layer must be 'final' or 'penultimate', got {self.feature_layer!r}")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """Local per-token MLP or token-compression adapter (DESIGN.md, 'The model')."""
+
+    kind: AdapterKind
+    input_dim: int  # d_v, the backbone's token width
+    output_dim: int  # d_lm, the language model's width (384 for MiniLM)
+    hidden_dim: int = 8192
+    num_queries: int = 64  # m, only for kind == "compressed"
+    num_heads: int = 8  # attention heads of the compression adapter
+    layer_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("local", "compressed"):
+            raise ValueError(f"adapter kind must be 'local' or 'compressed', got {self.kind!r}")
+        if self.kind == "compressed" and self.input_dim % self.num_heads:
+            raise ValueError(f"input_dim {self.input_dim} is not divisible by num_heads {self.num_heads}")
+
+    def output_tokens(self, input_tokens: int) -> int:
+        """Number of tokens this adapter emits for `input_tokens` backbone tokens."""
+        return self.num_queries if self.kind == "compressed" else input_tokens
+
+
+@dataclass(frozen=True)
+class JointEncoderConfig:
+    """BERT-family joint encoder: a local path / hub name, or an explicit BertConfig dict."""
+
+    language_model: Optional[str] = None  # path or name of a BERT checkpoint (weights + tokenizer)
+    tokenizer: Optional[str] = None  # defaults to language_model
+    bert_config: Optional[dict] = None  # random init from this BertConfig when no language_model
+    max_text_tokens: int = 64  # caption wordpieces kept (the paper's text max length)
+    num_image_tokens: int = 64
+    text_embed_dim: int = 512  # width of the backbone's text embedding (recovery head target)
+
+    def __post_init__(self) -> None:
+        if self.language_model is None and self.bert_config is None:
+            raise ValueError("JointEncoderConfig needs language_model or bert_config")
+        if self.tokenizer is None and self.language_model is None:
+            raise ValueError("JointEncoderConfig needs a tokenizer path when there is no language_model")
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """How token matrices are stored: dtype and, for int4, the scale group size."""
+
+    quantization: Quantization = "fp16"
+    group_size: Optional[int] = None  # int4 only: None = one scale per token
+
+    def __post_init__(self) -> None:
+        if self.quantization not in ("fp32", "fp16", "int8", "int4"):
+            raise ValueError(f"unknown quantization {self.quantization!r}")
+        if self.group_size is not None and self.quantization != "int4":
+            raise ValueError("group_size applies to int4 only")
+
+
+@dataclass(frozen=True)
+class EDJEConfig:
+    """The trainable model: adapter + joint encoder, and the backbone it reads."""
+
+    backbone: BackboneConfig
+    adapter: AdapterConfig
+    encoder: JointEncoderConfig
+
+
+def to_json(cfg: Any) -> str:
+    """Serialise a config dataclass to JSON."""
+    return json.dumps(dataclasses.asdict(cfg), indent=2, sort_keys=True)
+
+
+def from_dict(cls: Type[T], data: dict) -> T:
+    """Build a (possibly nested) config dataclass from a dict, rejecting unknown keys."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown config fields {sorted(unknown)}")
+    kwargs = {}
+    for key, value in data.items():
+        sub = _NESTED.get((cls.__name__, key))
+        kwargs[key] = from_dict(sub, value) if sub is not None and isinstance(value, dict) else value
+    return cls(**kwargs)
+
+
+_NESTED = {
+    ("EDJEConfig", "backbone"): BackboneConfig,
+    ("EDJEConfig", "adapter"): AdapterConfig,
+    ("EDJEConfig", "encoder"): JointEncoderConfig,
+}

@@ -1,0 +1,45 @@
+"""EDJE losses: ITM over hard negatives (both directions), MLM, text-embedding recovery, distillation."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def itm_loss(pos_logits: torch.Tensor, neg_image_logits: torch.Tensor, neg_text_logits: torch.Tensor) -> torch.Tensor:
+    """Softmax cross-entropy of the positive against its k negative images and, separately, k negative texts."""
+    b = pos_logits.shape[0]
+    if pos_logits.shape != (b,) or neg_image_logits.shape[0] != b or neg_text_logits.shape[0] != b:
+        raise ValueError(f"ITM logits must be [B], [B, k], [B, k]; got {list(pos_logits.shape)}, "
+                         f"{list(neg_image_logits.shape)}, {list(neg_text_logits.shape)}")
+    target = torch.zeros(b, dtype=torch.long, device=pos_logits.device)
+    t2i = F.cross_entropy(torch.cat([pos_logits[:, None], neg_image_logits], dim=1), target)
+    i2t = F.cross_entropy(torch.cat([pos_logits[:, None], neg_text_logits], dim=1), target)
+    return (t2i + i2t) / 2
+
+
+def itm_accuracy(pos_logits: torch.Tensor, neg_image_logits: torch.Tensor, neg_text_logits: torch.Tensor) -> torch.Tensor:
+    """Share of (sample, direction) where the positive outscores every negative."""
+    win_i = pos_logits > neg_image_logits.max(dim=1).values
+    win_t = pos_logits > neg_text_logits.max(dim=1).values
+    return torch.cat([win_i, win_t]).float().mean()
+
+
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over masked caption positions (labels -100 elsewhere)."""
+    if not (labels != -100).any():
+        return logits.sum() * 0.0  # no token was masked in this batch; keep the graph
+    return F.cross_entropy(logits, labels, ignore_index=-100)
+
+
+def recovery_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Text-embedding recovery: mean (1 - cos) between predicted and backbone text embeddings."""
+    if predicted.shape != target.shape:
+        raise ValueError(f"predicted {list(predicted.shape)} and target {list(target.shape)} embeddings differ")
+    return (1 - F.cosine_similarity(predicted, target.to(predicted.dtype), dim=-1)).mean()
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Local-to-compressed distillation: BCE(sigmoid(student), sigmoid(teacher))."""
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student {list(student_logits.shape)} and teacher {list(teacher_logits.shape)} logits differ")
+    return F.binary_cross_entropy_with_logits(student_logits, torch.sigmoid(teacher_logits.detach()))
