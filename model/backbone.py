@@ -82,6 +82,11 @@ class VisionBackbone(nn.Module):
             probe = self.encode(torch.zeros(1, 3, self.preprocess.size, self.preprocess.size))
         self.num_tokens, self.width = probe[0].shape[1:]
         self.embed_dim = probe[1].shape[1]
+        self.eval()
+
+    def train(self, mode: bool = True) -> "VisionBackbone":
+        """Frozen: stays in eval mode whatever a surrounding trainer asks."""
+        return super().train(False)
 
     @classmethod
     def create(cls, cfg: BackboneConfig, device: str | torch.device = "cpu") -> "VisionBackbone":
@@ -110,6 +115,9 @@ class VisionBackbone(nn.Module):
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] or float [B, 3, H, W] in [0, 1] -> normalised float [B, 3, S, S]."""
         x = self._check_images(images)
+        return self._normalize(x)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.uint8:
             x = x.permute(0, 3, 1, 2).float().div_(255.0)
         s = self.preprocess.size
@@ -120,7 +128,7 @@ class VisionBackbone(nn.Module):
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One pass: (tokens [B, n, d] at the configured layer, normalised pooled embedding [B, e])."""
-        x = images if images.is_floating_point() and images.dim() == 4 and images.shape[1] == 3 else self.normalize(images)
+        x = self._model_input(images)
         final = self.config.feature_layer == "final"
         index = self.num_blocks - 1 if final else self.num_blocks - 2
         out = self.visual.forward_intermediates(
@@ -140,7 +148,7 @@ class VisionBackbone(nn.Module):
     @torch.no_grad()
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """Normalised pooled image embedding [B, e] (the first stage)."""
-        x = images if images.is_floating_point() and images.dim() == 4 and images.shape[1] == 3 else self.normalize(images)
+        x = self._model_input(images)
         return F.normalize(self.clip.encode_image(x.to(self._mean.dtype)).float(), dim=-1)
 
     @torch.no_grad()
@@ -150,6 +158,16 @@ class VisionBackbone(nn.Module):
             raise TypeError("encode_text takes a list of strings")
         ids = self.tokenizer(list(texts)).to(self._mean.device)
         return F.normalize(self.clip.encode_text(ids).float(), dim=-1)
+
+    def _model_input(self, images) -> torch.Tensor:
+        """uint8 [B, H, W, 3] images are normalised here; float [B, 3, S, S] are taken as already normalised."""
+        x = self._check_images(images)
+        if x.dtype == torch.uint8:
+            return self._normalize(x)
+        s = self.preprocess.size
+        if tuple(x.shape[-2:]) != (s, s):
+            raise ValueError(f"normalised float images must be [B, 3, {s}, {s}], got {list(x.shape)}")
+        return x
 
     def _check_images(self, images) -> torch.Tensor:
         if isinstance(images, np.ndarray):

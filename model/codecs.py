@@ -178,3 +178,23 @@ def _torch_scales(absmax: torch.Tensor, qmax: int) -> torch.Tensor:
 def bytes_per_image(num_tokens: int, width: int, quantization: str, group_size: Optional[int] = None) -> int:
     """Stored bytes of one [num_tokens, width] matrix under a codec."""
     return TokenCodec(CodecConfig(quantization, group_size), num_tokens, width).bytes_per_image
+
+
+def main(argv=None) -> None:
+    """Print the stored bytes per image of a token matrix under every codec."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m model.codecs", description=main.__doc__)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per image (m)")
+    ap.add_argument("--width", type=int, default=384, help="token width (the language model's width)")
+    ap.add_argument("--group-size", type=int, default=128, help="int4 scale group size for the grouped row")
+    args = ap.parse_args(argv)
+    rows = [("fp32", None), ("fp16", None), ("int8", None), ("int4", None), ("int4", args.group_size)]
+    print(f"{'codec':<22}{'bytes/image':>14}")
+    for quant, group in rows:
+        name = quant + (f" (group {group})" if group else " (per token)" if quant in ("int8", "int4") else "")
+        print(f"{name:<22}{bytes_per_image(args.tokens, args.width, quant, group):>14,}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Vision backbone over open_clip: native and timm towers, feature layers, local checkpoints."""
+import numpy as np
+import open_clip
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from model.backbone import VisionBackbone
+from schemas.config import BackboneConfig
+
+
+@pytest.mark.parametrize("name,shape", [("edje-tiny-clip", (65, 128)), ("edje-tiny-timm", (64, 96))])
+@pytest.mark.parametrize("layer", ["final", "penultimate"])
+def test_token_shapes_for_native_and_timm_towers(name, shape, layer):
+    bb = VisionBackbone.create(BackboneConfig(name, feature_layer=layer))
+    assert bb.is_timm == (name == "edje-tiny-timm")
+    images = torch.randint(0, 256, (3, 64, 64, 3), dtype=torch.uint8)
+    tokens, pooled = bb.encode(images)
+    assert tuple(tokens.shape) == (3, *shape) and bb.token_shape == shape
+    assert torch.allclose(pooled.norm(dim=-1), torch.ones(3), atol=1e-5)
+    assert torch.allclose(bb.encode_image(images), pooled, atol=1e-5)
+    assert torch.allclose(bb.encode_tokens(images), tokens)
+    text = bb.encode_text(["a red circle", "a blue square"])
+    assert text.shape == (2, bb.embed_dim) and torch.allclose(text.norm(dim=-1), torch.ones(2), atol=1e-5)
+    assert not any(p.requires_grad for p in bb.parameters()) and not bb.training
+
+
+def test_final_layer_is_post_norm_and_penultimate_differs():
+    final = VisionBackbone.create(BackboneConfig("edje-tiny-clip", feature_layer="final"))
+    pen = VisionBackbone.create(BackboneConfig("edje-tiny-clip", feature_layer="penultimate"))
+    pen.load_state_dict(final.state_dict())
+    x = torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8)
+    t_final, t_pen = final.encode_tokens(x), pen.encode_tokens(x)
+    assert not torch.allclose(t_final, t_pen)
+    # final tokens come out of ln_post: per-token mean ~ bias, so they are LayerNorm-normalised
+    ln = final.visual.ln_post
+    manual = ln(final.visual.forward_intermediates(final.normalize(x), indices=[3], output_fmt="NLC",
+                                                   output_extra_tokens=True)["image_intermediates"][0])
+    assert torch.allclose(t_final[:, 1:], manual, atol=1e-5)
+
+
+def test_preprocessing_belongs_to_the_model():
+    bb = VisionBackbone.create(BackboneConfig("edje-tiny-clip"))
+    assert bb.preprocess.size == 64
+    assert bb.preprocess.mean == tuple(open_clip.OPENAI_DATASET_MEAN)
+    big = torch.randint(0, 256, (1, 128, 128, 3), dtype=torch.uint8)
+    assert bb.normalize(big).shape == (1, 3, 64, 64)
+
+
+def test_loads_a_local_safetensors_checkpoint(tmp_path):
+    src = open_clip.create_model("edje-tiny-clip")
+    path = tmp_path / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    bb = VisionBackbone.create(BackboneConfig("edje-tiny-clip", pretrained=str(path)))
+    x = torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8)
+    ref = VisionBackbone(src, BackboneConfig("edje-tiny-clip"))
+    assert torch.allclose(bb.encode_image(x), ref.encode_image(x), atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        VisionBackbone.create(BackboneConfig("edje-tiny-clip", pretrained=str(tmp_path / "missing" / "x.safetensors")))
+
+
+def test_bad_images_get_clear_errors():
+    bb = VisionBackbone.create(BackboneConfig("edje-tiny-clip"))
+    with pytest.raises(ValueError, match=r"\[B, H, W, 3\]"):
+        bb.encode(torch.zeros((2, 64, 64, 4), dtype=torch.uint8))
+    with pytest.raises(TypeError, match="uint8 or floating"):
+        bb.encode(torch.zeros((2, 64, 64, 3), dtype=torch.int32))
+    with pytest.raises(ValueError, match="4-d"):
+        bb.encode(np.zeros((64, 64, 3), np.uint8))
+    with pytest.raises(ValueError, match="feature_layer"):
+        BackboneConfig("edje-tiny-clip", feature_layer="middle")
+    with pytest.raises(TypeError, match="list of strings"):
+        bb.encode_text("not a list")

@@ -1,0 +1,111 @@
+"""Adapters and joint encoder: shapes, position extension, checks; checkpoints round trip."""
+import json
+
+import pytest
+import torch
+
+from model.adapters import CompressionAdapter, LocalAdapter
+from model.edje import CheckpointError, EDJEModel, load_checkpoint, save_checkpoint
+from model.joint_encoder import JointEncoder
+from schemas.config import AdapterConfig, EDJEConfig, JointEncoderConfig
+
+from conftest import TINY_BERT
+
+
+@pytest.mark.parametrize("m", [32, 64])
+def test_compression_adapter_shapes(m):
+    cfg = AdapterConfig(kind="compressed", input_dim=128, output_dim=384, hidden_dim=512, num_queries=m, num_heads=8)
+    ad = CompressionAdapter(cfg)
+    out = ad(torch.randn(3, 65, 128))
+    assert out.shape == (3, m, 384)
+    assert ad.query.shape == (1, m, 128)
+    assert isinstance(ad.attention, torch.nn.MultiheadAttention) and ad.attention.num_heads == 8
+
+
+def test_local_adapter_is_a_per_token_mlp_with_8192_hidden_by_default():
+    ad = LocalAdapter(AdapterConfig(kind="local", input_dim=96, output_dim=384))
+    assert ad.mlp[0].out_features == 8192 and isinstance(ad.mlp[1], torch.nn.GELU)
+    x = torch.randn(2, 64, 96)
+    out = ad(x)
+    assert out.shape == (2, 64, 384)
+    # per token: permuting tokens permutes outputs
+    perm = torch.randperm(64)
+    assert torch.allclose(ad(x[:, perm]), out[:, perm], atol=1e-5)
+
+
+def test_adapters_reject_wrong_shapes():
+    ad = CompressionAdapter(AdapterConfig(kind="compressed", input_dim=128, output_dim=64, hidden_dim=32, num_queries=4, num_heads=4))
+    with pytest.raises(ValueError, match=r"\[B, n, 128\], got \[2, 65, 96\]"):
+        ad(torch.randn(2, 65, 96))
+    with pytest.raises(TypeError, match="floating"):
+        ad(torch.zeros(2, 65, 128, dtype=torch.long))
+    with pytest.raises(ValueError, match="not divisible by num_heads"):
+        AdapterConfig(kind="compressed", input_dim=100, output_dim=64, num_heads=8)
+
+
+@pytest.mark.parametrize("m", [576, 64])
+def test_joint_encoder_forward_with_576_and_64_image_tokens(minilm_path, m):
+    bert = dict(TINY_BERT, max_position_embeddings=512)
+    je = JointEncoder(JointEncoderConfig(tokenizer=minilm_path, bert_config=bert, num_image_tokens=m, text_embed_dim=32))
+    # 64 caption wordpieces + [CLS][SEP][SEP] + m image tokens; 576 exceeds BERT's 512 positions
+    assert je.bert.config.max_position_embeddings == max(512, 64 + 3 + m)
+    long_caption = " ".join(["red"] * 200)
+    texts = [long_caption, "a small blue square"]
+    logits = je.score(texts, torch.randn(2, m, 64))
+    assert logits.shape == (2,)
+    batch = je.tokenize_pairs(texts, m)
+    assert int(batch.text_mask[0].sum()) == 64  # captions truncated to 64 wordpieces
+    assert int(batch.image_mask.sum(dim=1).min()) == m
+    assert bool((batch.token_type_ids[batch.image_mask] == 1).all())
+    assert bool((batch.token_type_ids[batch.text_mask] == 0).all())
+    lg, labels = je.mlm_logits(texts, torch.randn(2, m, 64), generator=torch.Generator().manual_seed(0))
+    assert lg.shape[0] == labels.shape[0] == int(batch.text_mask.sum())
+    assert je.text_embedding(texts).shape == (2, 32)
+
+
+def test_position_extension_keeps_trained_rows(minilm_path):
+    je = JointEncoder(JointEncoderConfig(language_model=minilm_path, num_image_tokens=576, text_embed_dim=16))
+    w = je.bert.bert.embeddings.position_embeddings.weight
+    assert w.shape[0] == 643
+    assert torch.equal(w[600], w[511])
+
+
+def test_joint_encoder_rejects_bad_inputs(minilm_path):
+    je = JointEncoder(JointEncoderConfig(tokenizer=minilm_path, bert_config=TINY_BERT, num_image_tokens=16, text_embed_dim=8))
+    with pytest.raises(ValueError, match="takes 16 image tokens, got 32"):
+        je.score(["a"], torch.randn(1, 32, 64))
+    with pytest.raises(ValueError, match="384 wide; this joint encoder is 64 wide"):
+        je.score(["a"], torch.randn(1, 16, 384))
+    with pytest.raises(ValueError, match="2 texts but 1 token matrices"):
+        je.score(["a", "b"], torch.randn(1, 16, 64))
+    with pytest.raises(TypeError, match="strings"):
+        je.score([None], torch.randn(1, 16, 64))
+
+
+def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
+    model = EDJEModel(tiny_edje_config).eval()
+    save_checkpoint(model, str(tmp_path / "ckpt"))
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert files == ["config.json", "model.safetensors", "tokenizer"]
+    loaded = load_checkpoint(str(tmp_path / "ckpt"), expected=tiny_edje_config)
+    x = torch.randn(2, 65, 128)
+    texts = ["a red circle", "a blue star"]
+    with torch.no_grad():
+        assert torch.allclose(model.score_backbone_tokens(texts, x), loaded.score_backbone_tokens(texts, x), atol=1e-6)
+    assert loaded.adapter_hash() == model.adapter_hash()
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["adapter_hash"] == model.adapter_hash()
+
+    other = EDJEConfig(tiny_edje_config.backbone,
+                       AdapterConfig(**{**tiny_edje_config.adapter.__dict__, "num_queries": 32}),
+                       JointEncoderConfig(**{**tiny_edje_config.encoder.__dict__, "num_image_tokens": 32}))
+    with pytest.raises(CheckpointError, match="adapter.num_queries: 16 != 32"):
+        load_checkpoint(str(tmp_path / "ckpt"), expected=other)
+    # weights that do not fit the config: a config edited after the fact
+    cfg_path = tmp_path / "ckpt" / "config.json"
+    meta = json.loads(cfg_path.read_text())
+    meta["config"]["adapter"]["hidden_dim"] = 512
+    cfg_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"adapter\.mlp\.0\.(bias|weight) has shape \[256):
+        load_checkpoint(str(tmp_path / "ckpt"))
+    with pytest.raises(CheckpointError, match="not an EDJE checkpoint"):
+        load_checkpoint(str(tmp_path))
