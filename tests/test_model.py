@@ -105,7 +105,7 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
     meta = json.loads(cfg_path.read_text())
     meta["config"]["adapter"]["hidden_dim"] = 512
     cfg_path.write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"adapter\.mlp\.0\.(bias|weight) has shape \[256):
+    with pytest.raises(CheckpointError, match=r"adapter\.mlp\.0\.(bias|weight) has shape \[256"):
         load_checkpoint(str(tmp_path / "ckpt"))
     with pytest.raises(CheckpointError, match="not an EDJE checkpoint"):
         load_checkpoint(str(tmp_path))
