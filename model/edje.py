@@ -119,7 +119,7 @@ def load_state(module: nn.Module, state: dict, where: str) -> None:
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise CheckpointError(f"{where}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
-    for k, v in state.items():
+    for k, v in sorted(state.items()):  # sorted: the same key is named every time
         if tuple(v.shape) != tuple(own[k].shape):
             raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the config expects {list(own[k].shape)}")
     module.load_state_dict(state, strict=True)
