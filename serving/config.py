@@ -1,0 +1,117 @@
+"""Typed configuration of the serving application: what to load, limits, batching, resources."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Tuple
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class DeploymentResources:
+    """Replicas and per-replica resources of one deployment."""
+
+    num_replicas: int = 1
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int = 64
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError("num_cpus and num_gpus must be >= 0")
+
+    def options(self) -> dict:
+        """Keyword arguments for `Deployment.options`."""
+        return dict(num_replicas=self.num_replicas, max_ongoing_requests=self.max_ongoing_requests,
+                    ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus})
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `serving.app.build_app` needs; `checkpoint=None` serves the hard-negative miner alone."""
+
+    checkpoint: Optional[str] = None  # EDJE checkpoint dir (any fsspec path)
+    token_tables: Tuple[str, ...] = ()  # compressed token tables made with that checkpoint's adapter
+    # Miner corpus. Images: token tables of any kind (image_id + image_embedding), default the served ones.
+    # Captions: raw token tables (caption + text_embedding columns) or Karpathy-style annotation JSON files
+    # (captions embedded by the backbone's text tower at start-up).
+    miner_image_tables: Tuple[str, ...] = ()
+    caption_sources: Tuple[str, ...] = ()
+    backbone_pretrained: Optional[str] = None  # overrides the tables' pretrained tag/path for the text tower
+    model_name: str = "edje"
+    # Limits (422 beyond them).
+    max_documents: int = 1000
+    max_text_chars: int = 2000
+    max_pairs: int = 1024  # pairs per /v1/negatives request
+    max_top_k: int = 1000  # first-stage candidates per /v1/search
+    # Reranker.
+    dynamic_batching: bool = True
+    max_batch_pairs: int = 256  # pairs per joint-encoder forward; larger requests are split
+    batch_wait_timeout_s: float = 0.005
+    precision: Precision = "auto"  # auto = fp32 on CPU, bf16 on GPU
+    torch_threads: Optional[int] = None  # intra-op threads per CPU replica (None = the replica's num_cpus, >= 1)
+    index_factory: str = "Flat"  # FAISS index description (exact inner product by default)
+    auth_token: Optional[str] = None  # bearer token; None = no auth (or taken from env auth_token_env)
+    auth_token_env: Optional[str] = "EDJE_API_TOKEN"
+    reranker: DeploymentResources = DeploymentResources(num_cpus=1.0)
+    token_store: DeploymentResources = DeploymentResources()
+    first_stage: DeploymentResources = DeploymentResources()
+    miner: DeploymentResources = DeploymentResources()
+    ingress: DeploymentResources = DeploymentResources(max_ongoing_requests=256)
+
+    def __post_init__(self) -> None:
+        for name in ("token_tables", "miner_image_tables", "caption_sources"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = (value,)
+            object.__setattr__(self, name, tuple(value))
+        if self.checkpoint is not None and not self.token_tables:
+            raise ValueError("a checkpoint is served over token tables: token_tables is empty")
+        if self.checkpoint is None and not (self.miner_image_tables and self.caption_sources):
+            raise ValueError("without a checkpoint only the miner is served: it needs miner_image_tables and caption_sources")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        for name in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def image_tables(self) -> Tuple[str, ...]:
+        """The miner's image corpus: its own tables, else the served token tables."""
+        return self.miner_image_tables or self.token_tables
+
+    def resolved_auth_token(self) -> Optional[str]:
+        """The bearer token: the configured one, else the env variable's value, else None (no auth)."""
+        if self.auth_token:
+            return self.auth_token
+        if self.auth_token_env:
+            return os.environ.get(self.auth_token_env) or None
+        return None
+
+    def limits(self) -> dict:
+        """The request limits, as reported by GET /v1/info."""
+        return {k: getattr(self, k) for k in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServeConfig":
+        """Build from a plain dict (a Serve config's `args`), rejecting unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"ServeConfig: unknown fields {sorted(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in ("reranker", "token_store", "first_stage", "miner", "ingress") and isinstance(value, dict):
+                value = DeploymentResources(**value)
+            elif key in ("token_tables", "miner_image_tables", "caption_sources") and value is not None:
+                value = (value,) if isinstance(value, str) else tuple(value)
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "ServeConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)

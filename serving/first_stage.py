@@ -1,0 +1,109 @@
+"""First stage: a FAISS inner-product index over pooled image embeddings, queried by the backbone's text tower.
+
+Embeddings in token tables are L2-normalised, so inner product = cosine similarity. The
+backbone (name, pretrained tag or path, feature layer) is the one the tables name in their
+metadata: the text tower must be the one that made the image embeddings.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Sequence, Tuple
+
+import faiss
+import numpy as np
+import torch
+from ray import serve
+
+from schemas.config import BackboneConfig
+from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
+
+log = logging.getLogger("ray.serve")
+
+
+class EmbeddingIndex:
+    """FAISS inner-product index over row vectors with string ids (any faiss.index_factory description)."""
+
+    def __init__(self, ids: Sequence[str], vectors: np.ndarray, factory: str = "Flat"):
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or len(ids) != len(vectors):
+            raise ValueError(f"{len(ids)} ids but vectors of shape {list(vectors.shape)}")
+        self.ids = list(ids)
+        self.index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        if not self.index.is_trained:
+            self.index.train(vectors)
+        self.index.add(vectors)
+
+    def __len__(self) -> int:
+        return self.index.ntotal
+
+    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(scores [B, k'], rows [B, k']) with k' = min(k, size); rows are -1 where the index has fewer hits."""
+        k = min(int(k), len(self))
+        scores, rows = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        return scores, rows
+
+
+def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None):
+    """The VisionBackbone a table's metadata names (its text tower embeds queries and captions)."""
+    from model.backbone import VisionBackbone
+
+    cfg = BackboneConfig(meta.backbone, pretrained_override or meta.pretrained, meta.feature_layer)
+    backbone = VisionBackbone.create(cfg)
+    if backbone.embed_dim != meta.embed_dim:
+        raise TableMismatchError("embed_dim", meta.embed_dim, backbone.embed_dim, f"backbone {cfg.name}")
+    return backbone
+
+
+def embed_texts(backbone, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    """Normalised text embeddings [B, e] float32 from the backbone's text tower, in batches."""
+    out = [backbone.encode_text(list(texts[i:i + batch_size])).float().cpu().numpy()
+           for i in range(0, len(texts), batch_size)]
+    return np.concatenate(out) if out else np.zeros((0, backbone.embed_dim), np.float32)
+
+
+def read_image_embeddings(paths: Sequence[str], **expected) -> Tuple[List[str], np.ndarray, TableMetadata]:
+    """image_id and image_embedding columns of token tables of any kind that agree on their backbone."""
+    first = read_metadata(paths[0])
+    same = {**dict(backbone=first.backbone, pretrained=first.pretrained, feature_layer=first.feature_layer,
+                   embed_dim=first.embed_dim), **expected}
+    for p in paths:
+        read_metadata(p).check(p, **same)
+    ids, vectors = [], []
+    for p in paths:  # one by one: tables of different kinds may not share a token schema
+        table, _ = read_token_tables([p], columns=["image_id", "image_embedding"], **same)
+        ids.extend(table.column("image_id").to_pylist())
+        vectors.append(vector_matrix(table.column("image_embedding")))
+    ids, vectors = _dedupe(ids, np.concatenate(vectors))
+    return ids, vectors, first
+
+
+def _dedupe(ids: List[str], vectors: np.ndarray) -> Tuple[List[str], np.ndarray]:
+    """Keep the first row of each image id (the same image in two tables is one candidate)."""
+    _, first = np.unique(np.asarray(ids, dtype=object), return_index=True)
+    if len(first) == len(ids):
+        return ids, vectors
+    keep = np.sort(first)
+    log.warning("first stage: %d duplicate image ids kept once", len(ids) - len(keep))
+    return [ids[i] for i in keep], vectors[keep]
+
+
+@serve.deployment
+class FirstStage:
+    """Text query -> top-k image ids by cosine similarity of pooled embeddings."""
+
+    def __init__(self, token_tables: Sequence[str], index_factory: str = "Flat", pretrained_override: Optional[str] = None,
+                 torch_threads: int = 1):
+        torch.set_num_threads(max(1, torch_threads))
+        ids, vectors, meta = read_image_embeddings(token_tables)
+        self.index = EmbeddingIndex(ids, vectors, index_factory)
+        self.backbone = load_backbone(meta, pretrained_override)
+        log.info("first stage: %d images indexed (%s)", len(self.index), index_factory)
+
+    def search(self, query: str, k: int) -> List[Tuple[str, float]]:
+        """Top-k (image id, cosine) for one query text."""
+        scores, rows = self.index.search(embed_texts(self.backbone, [query]), k)
+        return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
+
+    def size(self) -> int:
+        """Images in the index."""
+        return len(self.index)

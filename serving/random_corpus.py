@@ -1,0 +1,95 @@
+"""A self-contained served corpus for tests, benchmarks and smoke runs: no trained model, no data set.
+
+Writes a random-initialised EDJE checkpoint, the weights of its (random) backbone so that the text
+tower can be reloaded, compressed token tables made by running the checkpoint's adapter over the
+backbone's tokens of random images, a raw table with captions + text embeddings, and an annotation
+JSON. Everything the serving stack loads goes through the same code paths as trained artefacts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from schemas.config import EDJEConfig
+from schemas.token_table import TableMetadata, build_table, write_token_table
+
+COLOURS = ["red", "blue", "green", "yellow", "purple", "orange"]
+SHAPES = ["circle", "square", "triangle", "star"]
+RELATIONS = ["left of", "right of", "above", "below"]
+
+
+@dataclass
+class RandomCorpus:
+    """Paths of what `write_random_corpus` wrote, and the ids and captions it used."""
+
+    checkpoint: str
+    backbone_weights: str
+    compressed_tables: List[str]
+    raw_table: str
+    annotations: str
+    image_ids: List[str]
+    captions: List[str]
+    config: EDJEConfig
+
+
+def caption_of(i: int) -> str:
+    """A deterministic compositional caption for image number i."""
+    c, s = COLOURS[i % len(COLOURS)], SHAPES[(i // len(COLOURS)) % len(SHAPES)]
+    c2, s2 = COLOURS[(i * 7 + 3) % len(COLOURS)], SHAPES[(i * 5 + 1) % len(SHAPES)]
+    return f"a {c} {s} {RELATIONS[i % len(RELATIONS)]} a {c2} {s2}"
+
+
+@torch.no_grad()
+def write_random_corpus(out_dir: str, config: EDJEConfig, num_images: int = 48, num_tables: int = 2,
+                        quantization: str = "int8", seed: int = 0, image_size: Optional[int] = None) -> RandomCorpus:
+    """Write checkpoint, backbone weights, compressed tables, raw table and annotations under out_dir."""
+    from model.backbone import VisionBackbone
+    from model.edje import EDJEModel, save_checkpoint
+
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(seed)
+    backbone = VisionBackbone.create(config.backbone)
+    weights = os.path.join(out_dir, "backbone.pt")
+    torch.save(backbone.clip.state_dict(), weights)
+    bcfg = dataclasses.replace(config.backbone, pretrained=weights)
+    config = dataclasses.replace(config, backbone=bcfg)
+    model = EDJEModel(config).eval()
+    ckpt = os.path.join(out_dir, "checkpoint")
+    save_checkpoint(model, ckpt)
+
+    rng = np.random.default_rng(seed)
+    size = image_size or backbone.preprocess.size
+    images = torch.from_numpy(rng.integers(0, 256, (num_images, size, size, 3), dtype=np.uint8))
+    ids = [f"img_{i:05d}" for i in range(num_images)]
+    captions = [caption_of(i) for i in range(num_images)]
+    tokens, pooled = [], []
+    for i in range(0, num_images, 32):
+        t, e = backbone.encode(images[i:i + 32])
+        tokens.append(t), pooled.append(e)
+    tokens, pooled = torch.cat(tokens), torch.cat(pooled).numpy()
+    compressed = torch.cat([model.adapter(tokens[i:i + 32]) for i in range(0, num_images, 32)]).numpy()
+    text_emb = backbone.encode_text(captions).numpy()
+    n_tok, width = backbone.token_shape
+    common = dict(backbone=bcfg.name, pretrained=weights, feature_layer=bcfg.feature_layer, embed_dim=backbone.embed_dim)
+    cmeta = TableMetadata(kind="compressed", num_tokens=compressed.shape[1], width=compressed.shape[2],
+                          quantization=quantization, adapter_hash=model.adapter_hash(), **common)
+    tables = []
+    for part, rows in enumerate(np.array_split(np.arange(num_images), num_tables)):
+        path = os.path.join(out_dir, f"compressed-{part:03d}.parquet")
+        write_token_table(build_table(cmeta, [ids[r] for r in rows], compressed[rows], pooled[rows],
+                                      urls=[f"http://127.0.0.1/images/{ids[r]}.jpg" for r in rows]), path)
+        tables.append(path)
+    rmeta = TableMetadata(kind="raw", num_tokens=n_tok, width=width, quantization="fp16", **common)
+    raw = os.path.join(out_dir, "raw-000.parquet")
+    write_token_table(build_table(rmeta, ids, tokens.numpy(), pooled, captions=captions, text_embeddings=text_emb), raw)
+    annotations = os.path.join(out_dir, "annotations.json")
+    with open(annotations, "w") as f:
+        json.dump([{"image": f"images/{i}.jpg", "caption": [c, f"{c} on a grey background"], "image_id": i}
+                   for i, c in zip(ids, captions)], f)
+    return RandomCorpus(ckpt, weights, tables, raw, annotations, ids, captions, config)

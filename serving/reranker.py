@@ -1,0 +1,143 @@
+"""Reranker deployment: the joint encoder scoring (text, stored image tokens) pairs, with dynamic batching.
+
+Only `model.encoder.score(texts, tokens)` scores (the one scoring path of training, evaluation
+and serving). Requests are split into chunks of at most `max_batch_pairs` pairs; `@serve.batch`
+coalesces chunks of concurrent requests into one forward pass. The forward runs in a
+one-thread executor so that the replica's event loop keeps collecting the next batch meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+from ray import serve
+
+from schemas.token_table import TableMetadata
+from serving.config import ServeConfig
+from serving.token_store import decode_blobs
+
+log = logging.getLogger("ray.serve")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class PairChunk:
+    """Up to max_batch_pairs pairs: texts and their encoded image tokens."""
+
+    texts: List[str]
+    blob: np.ndarray
+    scales: Optional[np.ndarray]
+
+
+@dataclass
+class Scores:
+    """ITM logits of a request's pairs, or the image ids that are unknown."""
+
+    logits: Optional[np.ndarray]
+    missing: List[str]
+    urls: Optional[List[Optional[str]]] = None
+
+
+def resolve_device(num_gpus: float) -> torch.device:
+    """cuda when the replica was given a GPU and one is visible, else cpu."""
+    return torch.device("cuda") if num_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' = fp32 on CPU and bf16 on GPU (the paper's inference precision)."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+class PairScorer:
+    """Loads a checkpoint once and scores pair chunks in one forward pass (in-process; no Serve)."""
+
+    def __init__(self, checkpoint: str, meta: TableMetadata, device: torch.device, precision: str):
+        from model.edje import load_checkpoint
+
+        self.model = load_checkpoint(checkpoint, map_location=str(device))
+        self.precision = resolve_precision(precision, device)
+        self.model.to(DTYPES[self.precision]).eval()
+        self.device, self.meta = device, meta
+
+    @torch.inference_mode()
+    def score_chunks(self, chunks: Sequence[PairChunk]) -> List[np.ndarray]:
+        """One forward over the concatenated chunks; logits split back per chunk (float32)."""
+        texts = [t for c in chunks for t in c.texts]
+        blob = np.concatenate([c.blob for c in chunks]) if len(chunks) > 1 else chunks[0].blob
+        scales = None
+        if chunks[0].scales is not None:
+            scales = np.concatenate([c.scales for c in chunks]) if len(chunks) > 1 else chunks[0].scales
+        tokens = decode_blobs(self.meta, blob, scales, self.device).to(DTYPES[self.precision])
+        logits = self.model.encoder.score(texts, tokens).float().cpu().numpy()
+        return np.split(logits, np.cumsum([len(c.texts) for c in chunks])[:-1])
+
+
+@serve.deployment
+class Reranker:
+    """Joint-encoder scoring behind `@serve.batch`; gathers encoded tokens from the token store."""
+
+    async def __init__(self, config: ServeConfig, store):
+        self.config, self.store = config, store
+        resources = config.reranker
+        device = resolve_device(resources.num_gpus)
+        if device.type == "cpu":
+            torch.set_num_threads(config.torch_threads or max(1, int(resources.num_cpus)))
+        meta = await store.metadata.remote()
+        self.scorer = PairScorer(config.checkpoint, meta, device, config.precision)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edje-forward")
+        self._batched_forward.set_max_batch_size(config.max_batch_pairs)
+        self._batched_forward.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
+        log.info("reranker on %s (%s), batching=%s, max_batch_pairs=%d, threads=%d", device, self.scorer.precision,
+                 config.dynamic_batching, config.max_batch_pairs, torch.get_num_threads())
+
+    async def score_pairs(self, texts: List[str], image_ids: List[str], with_urls: bool = False) -> Scores:
+        """ITM logits of (texts[i], image_ids[i]), or the unknown ids; requests of any size."""
+        if len(texts) != len(image_ids):
+            raise ValueError(f"{len(texts)} texts but {len(image_ids)} image ids")
+        unique = list(dict.fromkeys(image_ids))
+        got = await self.store.gather_blobs.remote(unique, with_urls)
+        if got.missing:
+            return Scores(None, got.missing)
+        if len(unique) < len(image_ids):  # e.g. one image against many texts: move its bytes once
+            where = {i: r for r, i in enumerate(unique)}
+            take = np.fromiter((where[i] for i in image_ids), dtype=np.int64, count=len(image_ids))
+            blob, scales = got.blob[take], (got.scales[take] if got.scales is not None else None)
+            urls = [got.urls[r] for r in take] if with_urls else None
+        else:
+            blob, scales, urls = got.blob, got.scales, got.urls
+        step = self.config.max_batch_pairs
+        chunks = [PairChunk(texts[i:i + step], blob[i:i + step], None if scales is None else scales[i:i + step])
+                  for i in range(0, len(texts), step)]
+        forward = self._batched_forward if self.config.dynamic_batching else self._single_forward
+        parts = await asyncio.gather(*(forward(c) for c in chunks))
+        return Scores(np.concatenate(parts), [], urls)
+
+    @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.005, batch_size_fn=lambda chunks: sum(len(c.texts) for c in chunks))
+    async def _batched_forward(self, chunks: List[PairChunk]) -> List[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.scorer.score_chunks, chunks)
+
+    async def _single_forward(self, chunk: PairChunk) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        return (await loop.run_in_executor(self.executor, self.scorer.score_chunks, [chunk]))[0]
+
+    def info(self) -> dict:
+        """Device, precision and batching settings of this replica."""
+        return dict(device=str(self.scorer.device), precision=self.scorer.precision, pid=os.getpid(),
+                    dynamic_batching=self.config.dynamic_batching, max_batch_pairs=self.config.max_batch_pairs,
+                    torch_threads=torch.get_num_threads())
+
+    def actor_name(self) -> str:
+        """This replica's Ray actor name (namespace 'serve'); tests kill replicas by it."""
+        import ray
+
+        return ray.get_runtime_context().get_actor_name()
