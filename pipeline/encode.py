@@ -1,0 +1,162 @@
+"""The encoder stage: frozen backbone (+ adapter) + quantization, as a callable class for an actor pool.
+
+One backbone pass gives tokens and the pooled image embedding. Raw tables (no adapter) keep
+the backbone tokens and add the backbone's text embedding of each caption; compressed tables
+run the EDJE adapter over the tokens. Tokens are quantized on the device with the table's
+codec, so only the stored bytes leave the actor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from model.codecs import TokenCodec
+from schemas.config import BackboneConfig, CodecConfig, from_dict
+from schemas.token_table import TableMetadata
+
+OK = "ok"
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """What the encoder actors build: backbone, optional adapter checkpoint, codec."""
+
+    backbone: BackboneConfig
+    adapter: Optional[str]
+    quant: str
+    group_size: Optional[int]
+    torch_threads: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the driver needs to know of the model before any actor starts."""
+
+    image_size: int
+    resize_mode: str
+    meta: TableMetadata
+
+
+def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_layer: Optional[str],
+                     adapter: Optional[str]) -> BackboneConfig:
+    """The backbone to run: the flags, completed from (and checked against) the adapter checkpoint."""
+    if not adapter:
+        return BackboneConfig(name or "edje-tiny-clip", pretrained, feature_layer or "final")
+    from model.edje import read_checkpoint_config
+    from schemas.config import EDJEConfig
+
+    ck = from_dict(EDJEConfig, read_checkpoint_config(adapter)["config"]).backbone
+    for flag, value, want in (("--backbone", name, ck.name), ("--pretrained", pretrained, ck.pretrained),
+                              ("--feature-layer", feature_layer, ck.feature_layer)):
+        if value is not None and value != want:
+            raise ValueError(f"{flag} {value!r} does not match the adapter checkpoint {adapter}, "
+                             f"which was trained on {want!r}")
+    return ck
+
+
+def describe_model(spec: EncoderSpec) -> ModelInfo:
+    """Build the model once (on CPU) to learn its input size and the output table's metadata."""
+    from model.backbone import VisionBackbone
+
+    backbone = VisionBackbone.create(spec.backbone)
+    n, d = backbone.token_shape
+    adapter_hash = None
+    if spec.adapter:
+        adapter, adapter_hash = _load_adapter(spec.adapter)
+        if adapter.config.input_dim != d:
+            raise ValueError(f"adapter {spec.adapter} takes {adapter.config.input_dim}-wide tokens, "
+                             f"backbone {spec.backbone.name} gives {d}")
+        n, d = adapter.config.output_tokens(n), adapter.config.output_dim
+    meta = TableMetadata(
+        kind="compressed" if spec.adapter else "raw", backbone=spec.backbone.name,
+        pretrained=spec.backbone.pretrained, feature_layer=spec.backbone.feature_layer,
+        num_tokens=int(n), width=int(d), quantization=spec.quant, embed_dim=int(backbone.embed_dim),
+        group_size=spec.group_size, adapter_hash=adapter_hash,
+    )
+    meta.codec  # noqa: B018 - raises CodecError now if the quantization does not fit the width
+    return ModelInfo(backbone.preprocess.size, backbone.preprocess.resize_mode, meta)
+
+
+def _load_adapter(path: str):
+    from model.edje import load_checkpoint
+
+    model = load_checkpoint(path)
+    adapter = model.adapter.eval().requires_grad_(False)
+    return adapter, model.adapter_hash()
+
+
+class EncodeBatch:
+    """Ray Data callable class: decoded images -> quantized token blobs + embeddings (pyarrow)."""
+
+    def __init__(self, spec: EncoderSpec):
+        from model.backbone import VisionBackbone
+
+        threads = spec.torch_threads or _assigned_cpus()
+        torch.set_num_threads(max(1, threads))
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.backbone = VisionBackbone.create(spec.backbone, device=self.device)
+        self.adapter = _load_adapter(spec.adapter)[0].to(self.device) if spec.adapter else None
+        n, d = self.backbone.token_shape
+        if self.adapter is not None:
+            n, d = self.adapter.config.output_tokens(n), self.adapter.config.output_dim
+        self.codec = TokenCodec(CodecConfig(spec.quant, spec.group_size), n, d)
+        self.with_text = self.adapter is None  # raw tables carry captions and their text embeddings
+
+    @torch.no_grad()
+    def __call__(self, batch: Dict[str, np.ndarray]) -> pa.Table:
+        """Encode the rows whose status is 'ok'; failed rows pass through with null tokens."""
+        status = np.asarray(batch["status"], dtype=object)
+        ok = np.flatnonzero(status == OK)
+        b = len(status)
+        blobs = [None] * b
+        scales = [None] * b
+        img_emb = [None] * b
+        txt_emb = [None] * b
+        if len(ok):
+            images = torch.from_numpy(np.ascontiguousarray(batch["image"][ok])).to(self.device, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                tokens, emb = self.backbone.encode(images)
+                if self.adapter is not None:
+                    tokens = self.adapter(tokens)
+            blob, scale = self.codec.encode_torch(tokens.float())
+            blob = blob.cpu().numpy()
+            scale = scale.cpu().numpy() if scale is not None else None
+            emb = emb.float().cpu().numpy()
+            if self.with_text:
+                texts = [str(c) for c in np.asarray(batch["caption"], dtype=object)[ok]]
+                temb = self.backbone.encode_text(texts).float().cpu().numpy()
+            for j, i in enumerate(ok):
+                blobs[i] = blob[j].tobytes()
+                scales[i] = scale[j].astype("<f2").tobytes() if scale is not None else None
+                img_emb[i] = emb[j]
+                if self.with_text:
+                    txt_emb[i] = temb[j]
+        out = {k: pa.array(np.asarray(batch[k]).tolist(), t) for k, t in
+               (("shard", pa.int32()), ("row", pa.int32()), ("image_id", pa.string()), ("url", pa.string()),
+                ("caption", pa.string()), ("status", pa.string()), ("detail", pa.string()))}
+        out["tokens"] = pa.array(blobs, pa.binary())
+        out["token_scales"] = pa.array(scales, pa.binary())
+        out["image_embedding"] = pa.array([None if e is None else e.tolist() for e in img_emb], pa.list_(pa.float32()))
+        out["text_embedding"] = pa.array([None if e is None else e.tolist() for e in txt_emb], pa.list_(pa.float32()))
+        return pa.table(out)
+
+
+def _assigned_cpus() -> int:
+    """CPUs Ray gave this actor (Ray also sets OMP_NUM_THREADS to it); 1 outside Ray."""
+    try:
+        import ray
+
+        return int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)) or 1
+    except Exception:  # noqa: BLE001 - not inside a Ray worker
+        return int(os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+def spec_dict(spec: EncoderSpec) -> dict:
+    """JSON-ready form of an EncoderSpec (for the job manifest)."""
+    return dataclasses.asdict(spec)

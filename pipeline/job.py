@@ -1,0 +1,235 @@
+"""The encode job: url list -> img2dataset shards -> Ray Data decode/encode -> committed token tables.
+
+    read_urls (driver) -> plan shards + manifest -> for each uncommitted shard, one Ray Data pipeline:
+    from_items(shards) -> flat_map(download_rows) -> map_batches(decode_batch) ->
+    map_batches(EncodeBatch, ActorPoolStrategy) -> map_batches(write_parts) -> driver commits shards
+
+Resuming is per shard: a shard whose `stats/<id>.json` exists is skipped, any other shard is
+redone from its (re-used when complete) download, its stale parts removed first.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Tuple
+
+import pyarrow.parquet as pq
+
+from pipeline import storage
+from pipeline.decode import decode_batch
+from pipeline.download import DownloadConfig, download_rows
+from pipeline.encode import EncodeBatch, EncoderSpec, describe_model, resolve_backbone
+from pipeline.manifest import JobManifest, load_manifest, save_manifest
+from pipeline.read_urls import plan_shards, read_url_list
+from pipeline.summary import build_summary
+from pipeline.write import commit_shard, parts_dir, stats_path, write_parts
+from schemas.encode_job import EncodeJobConfig
+
+# CPU shares of the light stages. On a 2-CPU node one encoder actor takes a whole CPU; the
+# download/decode tasks and the part writer must still fit beside it or the pipeline stalls.
+DOWNLOAD_DECODE_CPUS = 0.5
+WRITER_CPUS = 0.25
+
+
+class IncompleteJobError(RuntimeError):
+    """Some shards were not committed by this run (the summary lists them); rerun to finish."""
+
+
+def run_encode_job(cfg: EncodeJobConfig) -> Dict:
+    """Run (or resume) the encode job; writes and returns summary.json's content."""
+    env = storage.configure_s3_endpoint(cfg.s3_endpoint)
+    output = storage.absolute(cfg.output)
+    with _input_list(cfg, output) as (input_url, world_port), RayConnection(cfg) as ray_conn:
+        return _run(cfg, output, input_url, world_port, env, ray_conn)
+
+
+def _run(cfg: EncodeJobConfig, output: str, input_url: str, world_port: Optional[int], env: Dict,
+         ray_conn: "RayConnection") -> Dict:
+    import ray
+
+    t0 = time.time()
+    backbone = resolve_backbone(cfg.backbone, cfg.pretrained, cfg.feature_layer, cfg.adapter)
+    spec = EncoderSpec(backbone, storage.absolute(cfg.adapter) if cfg.adapter else None, cfg.quant,
+                       cfg.group_size, cfg.torch_threads)
+    info = describe_model(spec)
+    urls = read_url_list(input_url, cfg.input_format, cfg.url_col, cfg.caption_col)
+    shards = plan_shards(urls.rows, cfg.shard_size)
+    plan = JobManifest(
+        input=input_url if world_port is None else "sampleworld", kind=info.meta.kind,
+        table_metadata=dataclasses.asdict(info.meta), shard_size=cfg.shard_size, rows_in=urls.rows_in,
+        read_failed=urls.failed, read_examples=urls.examples,
+        shards=[{"shard": s.shard_id, "rows": s.rows.num_rows, "digest": s.digest} for s in shards],
+        encoder={"backbone": dataclasses.asdict(backbone), "adapter": spec.adapter}, world_port=world_port,
+    )
+    manifest = load_manifest(output)
+    if manifest is None:
+        manifest = plan
+    else:
+        manifest.check_same_job(plan)
+    for s in shards:  # the input shards live on the output filesystem, where every worker can read them
+        path = _input_path(output, s.shard_id)
+        if not storage.exists(path):
+            storage.atomic_write(path, lambda tmp, rows=s.rows: _write_parquet(rows, tmp))
+    save_manifest(output, manifest)
+
+    pending = [s for s in shards if not storage.exists(stats_path(output, s.shard_id))]
+    print(f"[encode] {urls.rows_in} url-list rows, {urls.rows.num_rows} kept, {len(shards)} shards, "
+          f"{len(shards) - len(pending)} already committed, {len(pending)} to do", flush=True)
+    t_pipeline = time.time()
+    committed, errors = {}, []
+    if pending:
+        ray_conn.connect()
+        committed, errors = _encode_shards(cfg, output, spec, info, pending, env)
+    seconds = time.time() - t_pipeline
+    run = {"started_at": t0, "seconds": round(seconds, 3), "total_seconds": round(time.time() - t0, 3),
+           "shards_committed": sorted(committed), "images_encoded": sum(s["images_ok"] for s in committed.values()),
+           "rows_processed": sum(s["rows_in"] for s in committed.values()), "errors": errors,
+           "ray_nodes": len([n for n in ray.nodes() if n["Alive"]]) if ray.is_initialized() else 0}
+    manifest.runs.append({k: run[k] for k in ("started_at", "seconds", "shards_committed", "errors")})
+    save_manifest(output, manifest)
+    summary = build_summary(output, manifest, run)
+    storage.write_json(storage.join(output, "summary.json"), summary)
+    _print_summary(summary)
+    if not summary["complete"]:
+        raise IncompleteJobError(f"{len(summary['pending_shards'])} shards not committed "
+                                 f"({errors[:3]}); run the same command again to finish them")
+    return summary
+
+
+def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, pending, env: Dict):
+    """One Ray Data pipeline over the pending shards; commits each shard as soon as it is complete."""
+    import ray
+
+    renv = {"runtime_env": {"env_vars": env}} if env else {}
+    for s in pending:  # parts of an interrupted run are never mixed with this run's
+        storage.remove(parts_dir(output, s.shard_id), recursive=True)
+    dl = DownloadConfig(downloads=storage.join(output, "_downloads"), image_size=info.image_size,
+                        resize_mode=info.resize_mode, threads=cfg.download_threads, timeout=cfg.timeout,
+                        retries=cfg.retries, max_pixels=cfg.max_image_pixels)
+    gpus = cfg.gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    items = [{"shard": s.shard_id, "input": _input_path(output, s.shard_id)} for s in pending]
+    ds = (
+        ray.data.from_items(items, override_num_blocks=len(items))
+        .flat_map(download_rows, fn_kwargs={"cfg": dl}, num_cpus=DOWNLOAD_DECODE_CPUS, **renv)
+        .map_batches(decode_batch, fn_kwargs={"size": info.image_size, "resize_mode": info.resize_mode,
+                                              "max_pixels": cfg.max_image_pixels},
+                     batch_size=cfg.batch_size, batch_format="numpy", num_cpus=DOWNLOAD_DECODE_CPUS, **renv)
+        .map_batches(EncodeBatch, fn_constructor_kwargs={"spec": spec},
+                     compute=ray.data.ActorPoolStrategy(size=cfg.concurrency), batch_size=cfg.batch_size,
+                     batch_format="numpy", num_gpus=gpus, num_cpus=cfg.cpus_per_worker, **renv)
+        .map_batches(write_parts, fn_kwargs={"output": output}, batch_format="pyarrow", batch_size=None,
+                     num_cpus=WRITER_CPUS, **renv)
+    )
+    expected = {s.shard_id: s.rows.num_rows for s in pending}
+    commit = ray.remote(num_cpus=0, max_retries=3)(commit_shard)
+    meta_json = _meta_json(info.meta)
+    parts, counts, futures = defaultdict(list), Counter(), {}
+    errors = []
+    try:
+        for rec in ds.iter_rows():
+            sid = int(rec["shard"])
+            parts[sid].append(rec["part"])
+            counts[sid] += int(rec["rows"])
+            if counts[sid] >= expected[sid] and sid not in futures:
+                futures[sid] = commit.options(**renv).remote(output, sid, list(parts[sid]), expected[sid], meta_json)
+    except Exception as e:  # noqa: BLE001 - commit what is complete, report the rest, let a rerun finish
+        errors.append(f"pipeline: {type(e).__name__}: {str(e)[:500]}")
+        print(f"[encode] pipeline failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    committed = {}
+    for sid, fut in futures.items():
+        try:
+            committed[sid] = ray.get(fut)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"shard {sid}: {type(e).__name__}: {str(e)[:300]}")
+    return committed, errors
+
+
+def _meta_json(meta) -> str:
+    return meta.to_bytes().decode()
+
+
+def _input_path(output: str, shard_id: int) -> str:
+    return storage.join(output, "_input", f"{shard_id:05d}.parquet")
+
+
+def _write_parquet(table, url: str) -> None:
+    fs, path = storage.url_to_fs(url)
+    with fs.open(path, "wb") as f:
+        pq.write_table(table, f)
+
+
+class RayConnection:
+    """Connects to Ray only when there is work (a finished job's rerun needs no cluster)."""
+
+    def __init__(self, cfg: EncodeJobConfig):
+        self.cfg, self.started = cfg, False
+
+    def __enter__(self) -> "RayConnection":
+        return self
+
+    def connect(self) -> None:
+        """Attach to --address / RAY_ADDRESS, else start a fresh local Ray (never someone else's)."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        address = self.cfg.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(address="local", num_cpus=self.cfg.num_cpus, include_dashboard=False)
+        self.started = True
+
+    def __exit__(self, *exc) -> None:
+        if self.started:
+            import ray
+            ray.shutdown()
+            self.started = False
+
+
+
+@contextlib.contextmanager
+def _input_list(cfg: EncodeJobConfig, output: str) -> Iterator[Tuple[str, Optional[int]]]:
+    """The url list to encode: --input, or the embedded sample world served on loopback."""
+    if cfg.input:
+        yield storage.absolute(cfg.input), None
+        return
+    from sampleworld.server import serve_directory
+    from sampleworld.world import WorldConfig, generate, write_url_list
+
+    world_dir = Path(cfg.world_dir or default_world_dir(cfg.world_images))
+    if not (world_dir / "world.json").exists():
+        n = cfg.world_images
+        print(f"[encode] generating the sample world ({n} images) in {world_dir}", flush=True)
+        generate(WorldConfig(seed=0, n_train=n * 3 // 4, n_val=n // 8, n_test=n - n * 3 // 4 - n // 8), world_dir)
+    previous = load_manifest(output)
+    # The urls carry the server's port, and the shard digests the urls: a rerun serves on the same port.
+    port = previous.world_port if previous is not None and previous.world_port else 0
+    with serve_directory(world_dir, port=port) as server, tempfile.TemporaryDirectory(prefix="edje-urls-") as tmp:
+        base = server.base_url
+        url_list = write_url_list(world_dir, base, Path(tmp) / "urls.tsv")
+        print(f"[encode] serving the sample world at {base}", flush=True)
+        yield str(url_list), int(base.rstrip("/").rsplit(":", 1)[1])
+
+
+def default_world_dir(images: int) -> str:
+    """Local cache folder of the default sample world of a given size."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "edje-ray", f"sampleworld-seed0-{images}")
+
+
+def _print_summary(summary: Dict) -> None:
+    keys = ("images_in", "images_ok", "images_failed", "failed", "bytes_per_image", "table_bytes_per_image",
+            "images_per_second", "complete", "shards")
+    print("[encode] summary: " + ", ".join(f"{k}={summary[k]}" for k in keys), flush=True)
+    print(f"[encode] tables: {len(summary['tables'])} under {storage.join(summary['output'], 'tables')}; "
+          f"summary.json at {storage.join(summary['output'], 'summary.json')}", flush=True)
+

@@ -1,0 +1,60 @@
+"""The fixed vocabulary of reasons a row is dropped, and mapping raw error messages onto it.
+
+Every dropped input row is counted under exactly one of these keys in the per-shard stats and
+in summary.json, so that runs can be compared and tests can count planted bad inputs.
+"""
+from __future__ import annotations
+
+import re
+
+# Row-level problems found while reading the url list (before any download).
+MALFORMED_ROW = "malformed_row"  # wrong field count, missing or unusable url / image id
+EMPTY_CAPTION = "empty_caption"
+CAPTION_NOT_UTF8 = "caption_not_utf8"
+DUPLICATE_URL = "duplicate_url"
+DUPLICATE_IMAGE_ID = "duplicate_image_id"  # same image_id given to two different urls
+
+# Download problems (img2dataset's per-sample error_message, classified).
+HTTP_ERROR = "http_error"  # the server answered with a 4xx / 5xx status
+TIMEOUT = "timeout"
+CONNECTION_ERROR = "connection_error"  # refused, reset, unknown host, closed without response
+DISALLOWED = "disallowed"  # X-Robots-Tag noai / noindex
+DOWNLOAD_ERROR = "download_error"  # anything else while fetching
+
+# Image problems (our decoder, run inside img2dataset's worker and again before encoding).
+NOT_AN_IMAGE = "not_an_image"
+TRUNCATED_IMAGE = "truncated_image"
+DECOMPRESSION_BOMB = "decompression_bomb"  # more pixels than --max-image-pixels
+DECODE_ERROR = "decode_error"
+
+READ_REASONS = (MALFORMED_ROW, EMPTY_CAPTION, CAPTION_NOT_UTF8, DUPLICATE_URL, DUPLICATE_IMAGE_ID)
+IMAGE_REASONS = (NOT_AN_IMAGE, TRUNCATED_IMAGE, DECOMPRESSION_BOMB, DECODE_ERROR)
+ALL_REASONS = READ_REASONS + (HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, DISALLOWED, DOWNLOAD_ERROR) + IMAGE_REASONS
+
+_HTTP = re.compile(r"HTTP Error \d{3}")
+
+
+def classify_download_error(message: str) -> str:
+    """Map a urllib error message (as img2dataset records it) onto a download reason."""
+    m = message or ""
+    low = m.lower()
+    if _HTTP.search(m):
+        return HTTP_ERROR
+    if "timed out" in low or "timeout" in low:
+        return TIMEOUT
+    if "x-robots-tag" in low:
+        return DISALLOWED
+    if any(s in low for s in ("refused", "reset by peer", "name or service not known", "nodename nor servname",
+                              "no route to host", "network is unreachable", "closed connection",
+                              "remote end closed", "temporary failure in name resolution", "connection aborted",
+                              "remotedisconnected", "incompleteread", "broken pipe")):
+        return CONNECTION_ERROR
+    return DOWNLOAD_ERROR
+
+
+def split_reason(message: str) -> tuple[str, str]:
+    """Split our own '<reason>: <detail>' messages; anything else is a download error message."""
+    head, _, detail = (message or "").partition(": ")
+    if head in IMAGE_REASONS:
+        return head, detail
+    return classify_download_error(message), message

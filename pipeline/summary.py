@@ -1,0 +1,50 @@
+"""summary.json: totals over every committed shard of an output folder plus this run's speed."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, List
+
+from pipeline import storage
+from pipeline.manifest import JobManifest
+from pipeline.write import stats_path
+
+
+def build_summary(output: str, manifest: JobManifest, run: Dict) -> Dict:
+    """Aggregate per-shard stats (committed shards only) with the url-list read failures."""
+    failed: Counter = Counter(manifest.read_failed)
+    examples: Dict[str, List[str]] = {k: list(v) for k, v in manifest.read_examples.items()}
+    images_ok, table_bytes, tables, pending = 0, 0, [], []
+    for shard in manifest.shards:
+        stats = storage.read_json(stats_path(output, shard["shard"]))
+        if stats is None:
+            pending.append(shard["shard"])
+            continue
+        images_ok += stats["images_ok"]
+        table_bytes += stats["table_bytes"]
+        tables.append(stats["table"])
+        failed.update(stats["failed"])
+        for reason, ex in stats.get("failed_examples", {}).items():
+            examples.setdefault(reason, [])
+            examples[reason] += ex[: max(0, 5 - len(examples[reason]))]
+    seconds = max(run["seconds"], 1e-9)
+    meta = manifest.table_metadata
+    from schemas.token_table import TableMetadata
+
+    return {
+        "output": output,
+        "kind": manifest.kind,
+        "complete": not pending,
+        "pending_shards": pending,
+        "images_in": manifest.rows_in,
+        "images_ok": images_ok,
+        "images_failed": sum(failed.values()),
+        "failed": dict(sorted(failed.items())),
+        "failed_examples": examples,
+        "bytes_per_image": TableMetadata(**meta).codec.bytes_per_image,
+        "table_bytes_per_image": round(table_bytes / images_ok, 1) if images_ok else None,
+        "images_per_second": round(run["images_encoded"] / seconds, 2),
+        "run": run,
+        "shards": len(manifest.shards),
+        "tables": tables,
+        "table_metadata": meta,
+    }
