@@ -303,9 +303,10 @@ def test_s3_round_trip_with_compressed_int8_tables(tmp_path, tiny_edje_config):
         host, port = moto.get_host_and_port()
         endpoint = f"http://{host}:{port}"
         creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-        fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint,
-                                                                                "region_name": "us-east-1"})
-        fs.mkdir("edje-bucket")
+        import boto3
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="edje-bucket")
+        fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint})
         with serve(world) as base:
             rows = url_rows(world, base)
             tsv = "url\tcaption\timage_id\n" + "".join(f"{r['url']}\t{r['caption']}\t{r['image_id']}\n" for r in rows)
