@@ -57,7 +57,8 @@ class ServeConfig:
     index_factory: str = "Flat"  # FAISS index description (exact inner product by default)
     auth_token: Optional[str] = None  # bearer token; None = no auth (or taken from env auth_token_env)
     auth_token_env: Optional[str] = "EDJE_API_TOKEN"
-    reranker: DeploymentResources = DeploymentResources(num_cpus=1.0)
+    # max_ongoing_requests >= max_batch_pairs, so that small requests can fill a batch at one replica.
+    reranker: DeploymentResources = DeploymentResources(num_cpus=1.0, max_ongoing_requests=256)
     token_store: DeploymentResources = DeploymentResources()
     first_stage: DeploymentResources = DeploymentResources()
     miner: DeploymentResources = DeploymentResources()

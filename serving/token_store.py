@@ -137,9 +137,15 @@ class TokenStore:
 def decode_blobs(meta: TableMetadata, blob: np.ndarray, scales: Optional[np.ndarray],
                  device: torch.device | str = "cpu") -> torch.Tensor:
     """Decode gathered blobs with the table's codec on `device` (the compressed bytes are what travel)."""
-    b = torch.from_numpy(np.ascontiguousarray(blob)).to(device)
-    s = torch.from_numpy(np.ascontiguousarray(scales)).to(device) if scales is not None else None
+    b = torch.from_numpy(_writable(blob)).to(device)
+    s = torch.from_numpy(_writable(scales)).to(device) if scales is not None else None
     return meta.codec.decode_torch(b, s)
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    # Arrays that arrive through Ray's object store are read-only views; torch wants writable memory.
+    a = np.ascontiguousarray(a)
+    return a if a.flags.writeable else a.copy()
 
 
 def _first_of_each(sorted_ids: pa.Array) -> Optional[np.ndarray]:

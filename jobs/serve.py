@@ -1,0 +1,137 @@
+"""Deploy the EDJE serving application onto a running Ray cluster (or a local one) and return.
+
+    ray job submit --working-dir . -- python jobs/serve.py \
+        --checkpoint s3://bucket/edje/ckpt --tokens s3://bucket/tokens/part-*.parquet \
+        --captions s3://bucket/raw/part-000.parquet --port 8000
+
+Serve applications outlive the driver, so the job ends once the application is healthy. Binds
+127.0.0.1 unless --host says otherwise. The bearer token, if any, is read from the environment
+variable named by --auth-token-env (never from the command line, which `ray job` records).
+Without --checkpoint only the hard-negative miner is served (for pretraining before a checkpoint).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from serving.config import DeploymentResources, ServeConfig  # noqa: E402
+
+
+def expand(paths: List[str]) -> List[str]:
+    """Expand globs on any fsspec filesystem (s3://.../part-*.parquet), keeping the protocol."""
+    import fsspec
+
+    out = []
+    for p in paths:
+        if any(ch in p for ch in "*?["):
+            fs, _ = fsspec.core.url_to_fs(p)
+            found = sorted(fs.glob(p))
+            if not found:
+                raise FileNotFoundError(f"{p} matches no files")
+            proto = p.split("://", 1)[0] + "://" if "://" in p else ""
+            out += [f if f.startswith(proto) else proto + f for f in found]
+        else:
+            out.append(p)
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """ServeConfig from a JSON/YAML file (--config) overridden by command-line flags."""
+    base: dict = {}
+    if args.config:
+        import yaml
+
+        with open(args.config) as f:
+            base = yaml.safe_load(f) or {}
+        base = base.get("args", base)  # accepts a bare ServeConfig mapping or an application's `args`
+    flags = dict(checkpoint=args.checkpoint, token_tables=expand(args.tokens) if args.tokens else None,
+                 caption_sources=expand(args.captions) if args.captions else None,
+                 miner_image_tables=expand(args.miner_images) if args.miner_images else None,
+                 model_name=args.model_name, max_documents=args.max_documents, precision=args.precision,
+                 dynamic_batching=None if args.no_batching is None else not args.no_batching,
+                 max_batch_pairs=args.max_batch_pairs, auth_token_env=args.auth_token_env,
+                 torch_threads=args.torch_threads)
+    base.update({k: v for k, v in flags.items() if v is not None})
+    rr = dict(base.get("reranker") or {})
+    for key, value in (("num_replicas", args.reranker_replicas), ("num_gpus", args.reranker_gpus),
+                       ("num_cpus", args.reranker_cpus)):
+        if value is not None:
+            rr[key] = value
+    if rr:
+        base["reranker"] = {**dataclasses.asdict(_default_reranker()), **rr}
+    return ServeConfig.from_dict(base)
+
+
+def _default_reranker() -> DeploymentResources:
+    return {f.name: f for f in dataclasses.fields(ServeConfig)}["reranker"].default
+
+
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", help="YAML/JSON with ServeConfig fields (or a Serve config's application args)")
+    p.add_argument("--checkpoint", help="EDJE checkpoint dir (any fsspec path); omit to serve the miner alone")
+    p.add_argument("--tokens", nargs="+", help="compressed token tables (globs allowed)")
+    p.add_argument("--captions", nargs="+", help="miner caption sources: raw token tables or annotation JSON")
+    p.add_argument("--miner-images", nargs="+", help="miner image tables (default: --tokens)")
+    p.add_argument("--model-name")
+    p.add_argument("--max-documents", type=int)
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--no-batching", action="store_true", default=None, help="disable @serve.batch dynamic batching")
+    p.add_argument("--max-batch-pairs", type=int)
+    p.add_argument("--torch-threads", type=int)
+    p.add_argument("--reranker-replicas", type=int)
+    p.add_argument("--reranker-gpus", type=float)
+    p.add_argument("--reranker-cpus", type=float)
+    p.add_argument("--auth-token-env", help="environment variable holding the bearer token (default EDJE_API_TOKEN)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", default="edje", help="Serve application name")
+    p.add_argument("--route-prefix", default="/")
+    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or 'auto'; 'local' starts one)")
+    p.add_argument("--block", action="store_true", help="keep the driver alive (for a local cluster)")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Deploy, wait for health, print where it listens."""
+    import ray
+    import requests
+    from ray import serve
+
+    from serving.app import build
+
+    args = parse(argv)
+    cfg = config_from_args(args)
+    ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "auto")
+    # http_options only take effect when Serve starts here; an already running Serve keeps its own.
+    serve.start(http_options={"host": args.host, "port": args.port})
+    started = time.time()
+    serve.run(build(cfg), name=args.name, route_prefix=args.route_prefix, blocking=False)
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}{args.route_prefix.rstrip('/')}"
+    health = requests.get(url + "/healthz", timeout=30)
+    health.raise_for_status()
+    print(json.dumps({"application": args.name, "url": url, "ready_s": round(time.time() - started, 1),
+                      "checkpoint": cfg.checkpoint, "token_tables": len(cfg.token_tables),
+                      "auth": cfg.resolved_auth_token() is not None}))
+    if args.block:
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            serve.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

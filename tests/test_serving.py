@@ -1,0 +1,348 @@
+"""The serving application on a fresh local Ray, called over real HTTP on loopback (requests).
+
+One Serve instance per module (start-up is the slow part): the full app at / (with a bearer
+token) and the miner-only app at /miner. The replica-kill test runs last.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from model.edje import load_checkpoint
+from schemas.token_table import decode_tokens, read_token_tables
+from serving.config import ServeConfig
+from serving.miner_client import MinerError, fetch_negatives, neighbour_batch
+from serving.random_corpus import write_random_corpus
+
+TOKEN = "test-token"
+MAX_DOCS = 24
+MAX_CHARS = 300
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tiny_edje_config):
+    return write_random_corpus(str(tmp_path_factory.mktemp("served")), tiny_edje_config, num_images=48)
+
+
+@pytest.fixture(scope="module")
+def served(ray_local, corpus):
+    from ray import serve
+
+    from serving.app import build
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cfg = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables),
+                      caption_sources=(corpus.raw_table,), max_documents=MAX_DOCS, max_text_chars=MAX_CHARS,
+                      auth_token=TOKEN, max_batch_pairs=32)
+    serve.run(build(cfg), name="edje", route_prefix="/")
+    miner_only = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.annotations,), auth_token_env=None)
+    serve.run(build(miner_only), name="miner", route_prefix="/miner")
+    http = requests.Session()
+    http.headers["Authorization"] = f"Bearer {TOKEN}"
+    yield f"http://127.0.0.1:{port}", http
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(corpus):
+    """The in-process model and the decoded tokens of every image, for exact score comparisons."""
+    model = load_checkpoint(corpus.checkpoint)
+    table, meta = read_token_tables(corpus.compressed_tables)
+    tokens = decode_tokens(table, meta)
+    row = {i: r for r, i in enumerate(table.column("image_id").to_pylist())}
+
+    @torch.no_grad()
+    def score(texts, image_ids):
+        return model.encoder.score(list(texts), torch.from_numpy(tokens[[row[i] for i in image_ids]])).numpy()
+
+    return score
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+# ------------------------------------------------------------------------------------------ scores
+def test_rerank_jina_shape_scores_equal_in_process(served, corpus, reference):
+    url, http = served
+    docs = corpus.image_ids[5:17]
+    query = corpus.captions[9]
+    r = http.post(url + "/v1/rerank", json={"model": "jina-reranker-m0", "query": query, "documents": docs,
+                                            "top_n": 5, "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "jina-reranker-m0" and body["usage"]["total_tokens"] > 0
+    expected = reference([query] * len(docs), docs)
+    order = np.argsort(-expected, kind="stable")[:5]
+    assert [x["index"] for x in body["results"]] == list(order)
+    np.testing.assert_allclose([x["relevance_score"] for x in body["results"]], sigmoid(expected[order]), atol=1e-4)
+    assert [x["document"]["text"] for x in body["results"]] == [docs[i] for i in order]
+    assert body["results"][0]["document"]["url"].endswith(f"{docs[order[0]]}.jpg")
+
+    raw = http.post(url + "/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True,
+                                              "return_documents": False}).json()
+    got = np.zeros(len(docs))
+    for x in raw["results"]:
+        got[x["index"]] = x["relevance_score"]
+        assert "document" not in x
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_rerank_cohere_shape(served, corpus, reference):
+    url, http = served
+    docs = corpus.image_ids[:6]
+    query = corpus.captions[2]
+    # What Cohere's v2 SDK posts: model, query, documents as strings, top_n, max_tokens_per_doc (ignored here).
+    r = http.post(url + "/v2/rerank", json={"model": "rerank-v3.5", "query": query, "documents": docs, "top_n": 3,
+                                            "max_tokens_per_doc": 4096})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"id", "results", "meta"} and body["id"]
+    expected = reference([query] * 6, docs)
+    order = np.argsort(-expected, kind="stable")[:3]
+    assert [x["index"] for x in body["results"]] == list(order)
+    np.testing.assert_allclose([x["relevance_score"] for x in body["results"]], sigmoid(expected[order]), atol=1e-4)
+    assert body["meta"]["api_version"]["version"] == "2"
+
+
+def test_rerank_accepts_document_objects(served, corpus):
+    url, http = served
+    docs = [{"text": corpus.image_ids[0]}, {"id": corpus.image_ids[1]}, corpus.image_ids[2]]
+    r = http.post(url + "/v1/rerank", json={"query": "a red circle", "documents": docs})
+    assert r.status_code == 200, r.text
+    assert sorted(x["index"] for x in r.json()["results"]) == [0, 1, 2]
+
+
+def test_rerank_texts_ranks_captions_for_an_image(served, corpus, reference):
+    url, http = served
+    texts = corpus.captions[:7]
+    image = corpus.image_ids[3]
+    r = http.post(url + "/v1/rerank/texts", json={"image": image, "texts": texts, "raw_scores": True})
+    assert r.status_code == 200, r.text
+    expected = reference(texts, [image] * 7)
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(7)], expected, atol=1e-4)
+    assert [x["document"]["text"] for x in r.json()["results"]][0] == texts[int(np.argmax(expected))]
+
+
+def test_concurrent_requests_are_batched_without_changing_scores(served, corpus, reference):
+    url, http = served
+    jobs = [(corpus.captions[i], corpus.image_ids[i:i + 3]) for i in range(16)]
+
+    def call(job):
+        q, docs = job
+        r = requests.post(url + "/v1/rerank", json={"query": q, "documents": docs, "raw_scores": True},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        return {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, jobs))
+    for (q, docs), got in zip(jobs, results):
+        np.testing.assert_allclose([got[i] for i in range(3)], reference([q] * 3, docs), atol=1e-4)
+
+
+def test_search_first_stage_then_rerank(served, corpus, reference):
+    url, http = served
+    query = corpus.captions[11]
+    r = http.post(url + "/v1/search", json={"query": query, "top_k": 8, "top_n": 3, "raw_scores": True})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 3
+    ids = [x["image_id"] for x in results]
+    np.testing.assert_allclose([x["relevance_score"] for x in results], reference([query] * 3, ids), atol=1e-4)
+    scores = [x["relevance_score"] for x in results]
+    assert scores == sorted(scores, reverse=True)
+    # The candidates are the first stage's top 8 by cosine: check against the stored embeddings.
+    from model.backbone import VisionBackbone
+
+    table, _ = read_token_tables(corpus.compressed_tables, columns=["image_id", "image_embedding"])
+    emb = np.stack(table.column("image_embedding").to_numpy(zero_copy_only=False))
+    q = VisionBackbone.create(corpus.config.backbone).encode_text([query]).numpy()[0]
+    top8 = {table.column("image_id")[i].as_py() for i in np.argsort(-(emb @ q))[:8]}
+    assert set(ids) <= top8
+    for x in results:
+        i = table.column("image_id").to_pylist().index(x["image_id"])
+        assert x["first_stage_score"] == pytest.approx(float(emb[i] @ q), abs=1e-4)
+
+
+# --------------------------------------------------------------------------------------- negatives
+def test_negatives_mask_false_negatives(served, corpus):
+    url, http = served
+    pairs = [{"image_id": corpus.image_ids[i], "caption": corpus.captions[i]} for i in (0, 6, 13)]
+    r = http.post(url + "/v1/negatives", json={"pairs": pairs, "k": 4})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["k"] == 4 and not body["rescored"]
+    for pair, row in zip(pairs, body["negatives"]):
+        imgs = [n["image_id"] for n in row["negative_images"]]
+        caps = [n["caption"] for n in row["negative_captions"]]
+        assert len(imgs) == 4 and len(caps) == 4
+        assert pair["image_id"] not in imgs
+        assert pair["caption"] not in caps and len(set(caps)) == 4
+        assert all(n["image_id"] != pair["image_id"] for n in row["negative_captions"])
+        sims = [n["similarity"] for n in row["negative_images"]]
+        assert sims == sorted(sims, reverse=True)
+
+
+def test_negatives_rescored_by_the_joint_encoder(served, corpus, reference):
+    url, http = served
+    pair = {"image_id": corpus.image_ids[4], "caption": corpus.captions[4]}
+    r = http.post(url + "/v1/negatives", json={"pairs": [pair], "k": 3, "rescore": True, "pool": 10})
+    assert r.status_code == 200, r.text
+    row = r.json()["negatives"][0]
+    imgs = [n["image_id"] for n in row["negative_images"]]
+    logits = [n["itm_logit"] for n in row["negative_images"]]
+    assert logits == sorted(logits, reverse=True)
+    np.testing.assert_allclose(logits, reference([pair["caption"]] * 3, imgs), atol=1e-4)
+
+
+def test_miner_client_and_neighbour_batches(served, corpus):
+    url, _ = served
+    mined = fetch_negatives(url, corpus.image_ids[:4], corpus.captions[:4], k=3, auth_token=TOKEN)
+    assert [len(r) for r in mined.image_ids] == [3] * 4 and [len(r) for r in mined.captions] == [3] * 4
+    batch = neighbour_batch(corpus.image_ids[:4], mined, 10)
+    assert batch[:4] == corpus.image_ids[:4] and len(batch) == len(set(batch)) and len(batch) <= 10
+    with pytest.raises(MinerError, match="401"):
+        fetch_negatives(url, corpus.image_ids[:1], corpus.captions[:1], k=2)
+    with pytest.raises(MinerError, match="unknown image ids: \\['ghost'\\]"):
+        fetch_negatives(url, ["ghost"], ["a caption"], k=2, auth_token=TOKEN)
+
+
+def test_miner_only_app_serves_negatives_from_raw_tables_and_annotations(served, corpus):
+    url, _ = served
+    mined = fetch_negatives(url + "/miner", corpus.image_ids[:2], corpus.captions[:2], k=2)
+    assert all(corpus.image_ids[i] not in mined.image_ids[i] for i in range(2))
+    r = requests.post(url + "/miner/v1/rerank", json={"query": "q", "documents": ["img_00001"]})
+    assert r.status_code == 503 and "checkpoint" in r.json()["detail"]
+    r = requests.post(url + "/miner/v1/negatives", json={"pairs": [{"image_id": "img_00001", "caption": "x"}], "rescore": True})
+    assert r.status_code == 422 and "rescore" in r.json()["detail"]
+    info = requests.get(url + "/miner/v1/info").json()
+    assert info["miner"]["captions"] == 96 and info["corpus_size"] == 48 and info["token_store"] is None
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_unknown_image_ids_are_404_and_named(served, corpus):
+    url, http = served
+    r = http.post(url + "/v1/rerank", json={"query": "a red circle", "documents": [corpus.image_ids[0], "ghost-1", "ghost-2"]})
+    assert r.status_code == 404 and "ghost-1" in r.json()["detail"] and "ghost-2" in r.json()["detail"]
+    r = http.post(url + "/v1/rerank/texts", json={"image": "ghost-3", "texts": ["a"]})
+    assert r.status_code == 404 and "ghost-3" in r.json()["detail"]
+    r = http.post(url + "/v1/negatives", json={"pairs": [{"image_id": "ghost-4", "caption": "a"}]})
+    assert r.status_code == 404 and "ghost-4" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("route, body, needle", [
+    ("/v1/rerank", {"query": "", "documents": ["img_00001"]}, "query"),
+    ("/v1/rerank", {"query": "   ", "documents": ["img_00001"]}, "query"),
+    ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
+    ("/v1/rerank", {"documents": ["img_00001"]}, "query"),
+    ("/v1/rerank", {"query": "q", "documents": [f"img_{i:05d}" for i in range(MAX_DOCS + 1)]}, "too many documents"),
+    ("/v1/rerank", {"query": "x" * (MAX_CHARS + 1), "documents": ["img_00001"]}, "characters long"),
+    ("/v1/rerank", {"query": "q", "documents": ["img_00001"], "top_n": 0}, "top_n"),
+    ("/v2/rerank", {"query": "", "documents": ["img_00001"]}, "query"),
+    ("/v1/rerank/texts", {"image": "img_00001", "texts": ["ok", "y" * (MAX_CHARS + 1)]}, "texts[1]"),
+    ("/v1/rerank/texts", {"image": "img_00001", "texts": []}, "texts"),
+    ("/v1/search", {"query": ""}, "query"),
+    ("/v1/search", {"query": "q", "top_k": 5000}, "too many"),
+    ("/v1/negatives", {"pairs": []}, "pairs"),
+    ("/v1/negatives", {"pairs": [{"image_id": "img_00001", "caption": "c"}], "k": 0}, "k"),
+])
+def test_bad_requests_are_422_with_a_message(served, route, body, needle):
+    url, http = served
+    r = http.post(url + route, json=body)
+    assert r.status_code == 422, r.text
+    payload = r.json()
+    assert needle in (payload.get("message") or payload["detail"])
+
+
+def test_malformed_json_is_422(served):
+    url, http = served
+    r = http.post(url + "/v1/rerank", data=b'{"query": "q", "documents": [', headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "malformed JSON" in r.json()["message"]
+    r = http.post(url + "/v1/rerank", data=b"[1, 2]", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+
+
+def test_auth_health_info_and_openapi(served, corpus):
+    url, http = served
+    assert requests.get(url + "/healthz").json() == {"status": "ok"}
+    r = requests.post(url + "/v1/rerank", json={"query": "q", "documents": [corpus.image_ids[0]]})
+    assert r.status_code == 401
+    r = requests.post(url + "/v1/rerank", json={"query": "q", "documents": [corpus.image_ids[0]]},
+                      headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    info = http.get(url + "/v1/info").json()
+    assert info["corpus_size"] == 48 and info["token_store"]["metadata"]["kind"] == "compressed"
+    assert info["adapter_hash"] == info["token_store"]["metadata"]["adapter_hash"]
+    assert info["token_store"]["memory_bytes"] > 0 and info["precision"] == "fp32"
+    assert info["limits"]["max_documents"] == MAX_DOCS
+    spec = requests.get(url + "/openapi.json").json()
+    for path in ("/v1/rerank", "/v2/rerank", "/v1/rerank/texts", "/v1/search", "/v1/negatives", "/healthz", "/v1/info"):
+        assert path in spec["paths"], path
+    assert "RerankRequest" in spec["components"]["schemas"]
+
+
+def test_bad_input_does_not_take_a_replica_down(served, corpus):
+    url, http = served
+    for body in ({"query": "q", "documents": ["nope"]}, {"query": ""}, "garbage"):
+        http.post(url + "/v1/rerank", json=body) if not isinstance(body, str) else http.post(url + "/v1/rerank", data=body)
+    r = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:2]})
+    assert r.status_code == 200
+
+
+# ------------------------------------------------------------------------------- fault tolerance
+def test_killed_reranker_replica_is_replaced_under_load(served, corpus):
+    import ray
+    from ray import serve
+
+    url, http = served
+    handle = serve.get_deployment_handle("Reranker", app_name="edje")
+    victim = handle.actor_name.remote().result()
+    stop, statuses = threading.Event(), []
+
+    def load():
+        s = requests.Session()
+        s.headers["Authorization"] = f"Bearer {TOKEN}"
+        while not stop.is_set():
+            try:
+                statuses.append(s.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]},
+                                       timeout=30).status_code)
+            except requests.RequestException:
+                statuses.append(-1)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    deadline, recovered = time.time() + 120, False
+    while time.time() < deadline and not recovered:
+        time.sleep(1.0)
+        recovered = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]},
+                              timeout=30).status_code == 200 and handle.actor_name.remote().result() != victim
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert recovered, f"no new replica served within 120 s; statuses seen: {sorted(set(statuses))}"
+    assert statuses.count(200) > 0
+    # Later requests succeed, every one.
+    for _ in range(5):
+        assert http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]}).status_code == 200
+    assert set(statuses) <= {200, 500, 503, -1}, sorted(set(statuses))
