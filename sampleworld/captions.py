@@ -5,7 +5,8 @@ Every caption names every object with all three attributes, bound together as
 caption determines the scene's meaning. Choices are driven by a pre-drawn vector of
 uniforms per caption: the random stream consumed does not depend on the scene's content,
 so all members of a family (same structure, same caption seed) get the same templates and
-synonym slots, i.e. captions with (nearly) the same words in a different binding.
+synonyms, i.e. captions with the same words (up to the relation word of a mirrored twin)
+in a different binding.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ SIDE: dict[str, str] = {"left_of": "on the left", "right_of": "on the right", "a
 VERBS: tuple[str, ...] = ("is", "sits", "lies", "appears")
 OPENERS: tuple[str, ...] = ("an image of", "a picture of", "a drawing of")
 
-N_UNIFORMS = 32
+N_UNIFORMS = 32  # 16 for the lexicon, the rest for template slots
 
 
 class _Picker:
@@ -76,13 +77,25 @@ def article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
-class _Words:
-    """Synonyms chosen once per object per caption, so repeated mentions stay consistent."""
+def _lexicon(p: _Picker) -> dict[str, str]:
+    """One synonym per attribute value for this caption, picked in a fixed vocabulary order.
 
-    def __init__(self, obj: SceneObject, p: _Picker) -> None:
-        self.size = p.pick(SIZE_WORDS[obj.size])
-        self.colour = p.pick(COLOUR_WORDS[obj.colour])
-        self.shape = p.pick(SHAPE_WORDS[obj.shape])
+    Keying synonyms by value (not by object) keeps the bag of words of a caption identical
+    under attribute swaps: a swapped-in "cross" is still called "plus sign"."""
+    lex: dict[str, str] = {}
+    for table in (SIZE_WORDS, COLOUR_WORDS, SHAPE_WORDS):
+        for value, words in table.items():
+            lex[value] = p.pick(words)
+    return lex
+
+
+class _Words:
+    """The words for one object in one caption."""
+
+    def __init__(self, obj: SceneObject, lex: dict[str, str]) -> None:
+        self.size = lex[obj.size]
+        self.colour = lex[obj.colour]
+        self.shape = lex[obj.shape]
 
     @property
     def np(self) -> str:
@@ -157,7 +170,8 @@ def make_captions(scene: Scene, n: int, seed: int) -> list[str]:
     out = []
     for i in range(n):
         p = _Picker(rng.random(N_UNIFORMS))
-        words = [_Words(o, p) for o in scene.objects]
+        lex = _lexicon(p)
+        words = [_Words(o, lex) for o in scene.objects]
         t = int(order[i % len(order)])
         if n_obj == 2:
             text = _two(words, rels[0], t, p)

@@ -1,0 +1,86 @@
+"""Command line: ``python -m sampleworld generate | urls | serve``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from typing import Sequence
+
+from .world import SPLITS, WorldConfig, generate, write_url_list
+
+_DEFAULTS = WorldConfig()
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sampleworld", description="Deterministic compositional image-caption world.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="write images, flickr30k_*.json annotations and world.json")
+    g.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="random seed; same seed gives the same bytes (default %(default)s)")
+    g.add_argument("--out", required=True, help="output directory (created if missing)")
+    g.add_argument("--n-train", type=int, default=_DEFAULTS.n_train, help="train images, rounded to whole families (default %(default)s)")
+    g.add_argument("--n-val", type=int, default=_DEFAULTS.n_val, help="val images, rounded to whole families (default %(default)s)")
+    g.add_argument("--n-test", type=int, default=_DEFAULTS.n_test, help="test images, rounded to whole families (default %(default)s)")
+    g.add_argument("--image-size", type=int, default=_DEFAULTS.image_size, help="image side in pixels (default %(default)s)")
+    g.add_argument("--family-size", type=int, default=_DEFAULTS.family_size, help="images per family: base + twins (default %(default)s)")
+    g.add_argument("--captions-per-image", type=int, default=_DEFAULTS.captions_per_image, help="captions per image (default %(default)s)")
+
+    u = sub.add_parser("urls", help="write a CC12M-style url list (url, caption, image_id) for a generated world")
+    u.add_argument("--world", required=True, help="directory written by 'generate'")
+    u.add_argument("--base-url", required=True, help="URL at which the world directory is served, e.g. http://127.0.0.1:8000")
+    u.add_argument("--out", required=True, help="output file (.tsv or .parquet)")
+    u.add_argument("--splits", default=",".join(SPLITS), help="comma-separated splits to include (default %(default)s)")
+    u.add_argument("--format", choices=("tsv", "parquet"), default="tsv", help="file format (default %(default)s)")
+
+    s = sub.add_parser("serve", help="serve a directory over HTTP until interrupted")
+    s.add_argument("--root", required=True, help="directory to serve (usually a generated world)")
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (default %(default)s)")
+    s.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (default %(default)s)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    if args.command == "generate":
+        config = WorldConfig(
+            seed=args.seed,
+            n_train=args.n_train,
+            n_val=args.n_val,
+            n_test=args.n_test,
+            image_size=args.image_size,
+            family_size=args.family_size,
+            captions_per_image=args.captions_per_image,
+        )
+        t0 = time.perf_counter()
+        m = generate(config, args.out)
+        counts = ", ".join(f"{k}={len(v)}" for k, v in m.splits.items())
+        print(f"wrote {len(m.images)} images ({counts}) to {m.root} in {time.perf_counter() - t0:.1f}s")
+        return 0
+    if args.command == "urls":
+        splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
+        out = write_url_list(args.world, args.base_url, args.out, splits=splits, fmt=args.format)
+        print(out)
+        return 0
+    if args.command == "serve":
+        from .server import serve_directory
+
+        srv = serve_directory(args.root, host=args.host, port=args.port)
+        # SIGTERM (how test harnesses and process managers stop us) exits like Ctrl-C.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        print(srv.base_url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            srv.stop()
+        return 0
+    return 2  # unreachable: argparse requires a command
+
+
+if __name__ == "__main__":
+    sys.exit(main())
