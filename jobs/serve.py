@@ -115,7 +115,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "auto")
     # http_options only take effect when Serve starts here; an already running Serve keeps its own.
-    serve.start(http_options={"host": args.host, "port": args.port})
+    # A proxy on every node: Ray Train workers reach the miner on their own node's loopback.
+    serve.start(proxy_location="EveryNode", http_options={"host": args.host, "port": args.port})
     started = time.time()
     serve.run(build(cfg), name=args.name, route_prefix=args.route_prefix, blocking=False)
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}{args.route_prefix.rstrip('/')}"

@@ -335,8 +335,11 @@ def test_killed_reranker_replica_is_replaced_under_load(served, corpus):
     deadline, recovered = time.time() + 120, False
     while time.time() < deadline and not recovered:
         time.sleep(1.0)
-        recovered = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]},
-                              timeout=30).status_code == 200 and handle.actor_name.remote().result() != victim
+        try:
+            recovered = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]},
+                                  timeout=30).status_code == 200 and handle.actor_name.remote().result() != victim
+        except Exception:  # noqa: BLE001 - the handle may still route to the dead replica for a moment
+            recovered = False
     stop.set()
     for t in threads:
         t.join(60)
@@ -345,4 +348,5 @@ def test_killed_reranker_replica_is_replaced_under_load(served, corpus):
     # Later requests succeed, every one.
     for _ in range(5):
         assert http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]}).status_code == 200
-    assert set(statuses) <= {200, 500, 503, -1}, sorted(set(statuses))
+    # While the replica was gone, requests failed fast with a 5xx (or a dropped connection), never a 4xx.
+    assert all(s == 200 or s >= 500 or s == -1 for s in statuses), sorted(set(statuses))
