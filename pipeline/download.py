@@ -52,7 +52,9 @@ def download_shard(shard_id: int, rows: pa.Table, cfg: DownloadConfig) -> dict:
     from img2dataset.writer import WebDatasetSampleWriter
 
     name = shard_name(shard_id)
-    table = rows.select(["image_id", "url", "caption"]).append_column("row", pa.array(range(rows.num_rows), pa.int32()))
+    table = pa.table({"image_id": rows.column("image_id"), "source_url": rows.column("url"),
+                      "url": pa.array([iri_to_uri(u) for u in rows.column("url").to_pylist()], pa.string()),
+                      "caption": rows.column("caption"), "row": pa.array(range(rows.num_rows), pa.int32())})
     fs, root = storage.url_to_fs(cfg.downloads)
     fs.makedirs(root, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edje-dl-") as tmp:
@@ -63,7 +65,7 @@ def download_shard(shard_id: int, rows: pa.Table, cfg: DownloadConfig) -> dict:
             sample_writer_class=WebDatasetSampleWriter,
             resizer=PilResizer(cfg.image_size, cfg.resize_mode, cfg.max_pixels),
             thread_count=max(1, min(cfg.threads, rows.num_rows)), save_caption=True, extract_exif=False,
-            output_folder=cfg.downloads, column_list=["image_id", "row", "caption", "url"],
+            output_folder=cfg.downloads, column_list=["image_id", "source_url", "row", "caption", "url"],
             timeout=cfg.timeout, number_sample_per_shard=max(rows.num_rows, 2), oom_shard_count=OOM_SHARD_COUNT,
             compute_hash=None, verify_hash_type=None, encode_format="jpg", retries=cfg.retries,
             user_agent_token=None, disallowed_header_directives=["noai", "noimageai", "noindex", "noimageindex"],
@@ -76,6 +78,20 @@ def download_shard(shard_id: int, rows: pa.Table, cfg: DownloadConfig) -> dict:
     stats = storage.read_json(storage.join(cfg.downloads, f"{name}_stats.json")) or {}
     storage.write_json(storage.join(cfg.downloads, f"{name}.done"), stats)
     return stats
+
+
+def iri_to_uri(url: str) -> str:
+    """Percent-encode what urllib cannot send (non-ASCII or spaces in path/query, IDN host); others unchanged."""
+    if url.isascii() and " " not in url:
+        return url
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = parts.netloc.replace(host, host.encode("idna").decode("ascii")) if not host.isascii() else parts.netloc
+    safe = "/:@!$&'()*+,;=%~-._"
+    return urlunsplit((parts.scheme, netloc, quote(parts.path, safe=safe), quote(parts.query, safe=safe + "?"),
+                       quote(parts.fragment, safe=safe)))
 
 
 def _read_parquet(url: str) -> pa.Table:
@@ -104,7 +120,7 @@ def read_downloaded(shard_id: int, cfg: DownloadConfig) -> Iterator[Dict]:
             status, detail = split_reason(s["error_message"])
         else:
             status, detail = classify_download_error(s["error_message"]), s["error_message"] or ""
-        yield {"shard": shard_id, "row": int(s["row"]), "image_id": s["image_id"], "url": s["url"],
+        yield {"shard": shard_id, "row": int(s["row"]), "image_id": s["image_id"], "url": s["source_url"],
                "caption": s["caption"], "status": status, "detail": detail, "jpg": data}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -111,6 +112,7 @@ class EncodeBatch:
     @torch.no_grad()
     def __call__(self, batch: Dict[str, np.ndarray]) -> pa.Table:
         """Encode the rows whose status is 'ok'; failed rows pass through with null tokens."""
+        t_start = time.time()
         status = np.asarray(batch["status"], dtype=object)
         ok = np.flatnonzero(status == OK)
         b = len(status)
@@ -144,6 +146,9 @@ class EncodeBatch:
         out["token_scales"] = pa.array(scales, pa.binary())
         out["image_embedding"] = pa.array([None if e is None else e.tolist() for e in img_emb], pa.list_(pa.float32()))
         out["text_embedding"] = pa.array([None if e is None else e.tolist() for e in txt_emb], pa.list_(pa.float32()))
+        # When the encoder worked on this batch: the job's throughput over the encoder's busy window.
+        out["encode_start"] = pa.array(np.full(b, t_start))
+        out["encode_end"] = pa.array(np.full(b, time.time()))
         return pa.table(out)
 
 

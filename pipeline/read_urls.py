@@ -24,7 +24,6 @@ import pyarrow.parquet as pq
 
 from pipeline.reasons import CAPTION_NOT_UTF8, DUPLICATE_IMAGE_ID, DUPLICATE_URL, EMPTY_CAPTION, MALFORMED_ROW
 
-URL_COLUMNS = ("url", "caption", "image_id")
 MAX_EXAMPLES = 5
 
 
@@ -73,16 +72,30 @@ def read_url_list(path: str, fmt: str = "auto", url_col: str = "url", caption_co
         table = _read_delimited(data, "\t" if fmt == "tsv" else ",", url_col, caption_col, bad)
     else:
         raise ValueError(f"unknown input format {fmt!r} (tsv, csv or parquet)")
-    for col in (url_col, caption_col):
-        if col not in table.column_names:
-            raise ValueError(f"{path}: the url list has no {col!r} column (columns: {table.column_names})")
-    return validate_rows(table, url_col, caption_col, malformed=bad)
+    table = _canonical_columns(table, {url_col: "url", caption_col: "caption", "image_id": "image_id"}, path)
+    return validate_rows(table, "url", "caption", malformed=bad)
+
+
+def _canonical_columns(table: pa.Table, wanted: Dict[str, str], path: str) -> pa.Table:
+    """Rename the url / caption / image_id columns (matched case-insensitively) to their canonical names."""
+    lower = {c.strip().lower(): c for c in table.column_names}
+    names = list(table.column_names)
+    for given, canonical in wanted.items():
+        found = lower.get(given.lower())
+        if found is None:
+            if canonical == "image_id":
+                continue
+            raise ValueError(f"{path}: the url list has no {given!r} column (columns: {table.column_names})")
+        names[names.index(found)] = canonical
+    return table.rename_columns(names)
 
 
 def _read_delimited(data: bytes, delimiter: str, url_col: str, caption_col: str, bad: List[str]) -> pa.Table:
     """Parse TSV/CSV bytes with all columns as binary (UTF-8 is checked per row later)."""
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark would hide the header's first name
+        data = data[3:]
     first = data.split(b"\n", 1)[0].rstrip(b"\r").split(delimiter.encode())
-    has_header = url_col.encode() in [c.strip().lower() for c in first]
+    has_header = url_col.lower().encode() in [c.strip().lower() for c in first]
     names = None if has_header else [url_col, caption_col] + [f"extra_{i}" for i in range(max(0, len(first) - 2))]
 
     def on_invalid(row) -> str:
@@ -100,9 +113,7 @@ def _read_delimited(data: bytes, delimiter: str, url_col: str, caption_col: str,
     header = [h.decode("utf-8", "replace").strip() if isinstance(h, bytes) else h for h in header]
     convert = pacsv.ConvertOptions(column_types={h: pa.binary() for h in header}, strings_can_be_null=False,
                                    quoted_strings_can_be_null=False, null_values=[])
-    table = pacsv.read_csv(io.BytesIO(data), read_options=read, parse_options=parse, convert_options=convert)
-    return table.rename_columns([c.strip().lower() if c.strip().lower() in URL_COLUMNS else c
-                                 for c in table.column_names])
+    return pacsv.read_csv(io.BytesIO(data), read_options=read, parse_options=parse, convert_options=convert)
 
 
 def validate_rows(table: pa.Table, url_col: str = "url", caption_col: str = "caption",
@@ -124,7 +135,7 @@ def validate_rows(table: pa.Table, url_col: str = "url", caption_col: str = "cap
 
     urls, url_bad = _utf8(table.column(url_col))
     urls = [u.strip() if u is not None else None for u in urls]
-    no_scheme = np.array([not u or "://" not in u or any(c.isspace() for c in u) for u in urls])
+    no_scheme = np.array([not u or "://" not in u or any(c in "\t\r\n" for c in u) for u in urls])
     drop(url_bad | no_scheme, MALFORMED_ROW, urls)
     has_ids = "image_id" in table.column_names
     if has_ids:

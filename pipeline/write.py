@@ -48,8 +48,10 @@ def parts_dir(output: str, shard_id: int) -> str:
 
 
 def write_parts(batch: pa.Table, output: str) -> pa.Table:
-    """Ray Data stage: write the batch's rows as one part file per shard; returns (shard, part, rows)."""
+    """Ray Data stage: write the batch's rows as one part file per shard; returns (shard, part, rows, times)."""
     shards, parts, counts = [], [], []
+    t0 = pc.min(batch.column("encode_start")).as_py() if "encode_start" in batch.column_names else None
+    t1 = pc.max(batch.column("encode_end")).as_py() if "encode_end" in batch.column_names else None
     batch = batch.select(list(PART_COLUMNS))
     for sid in pc.unique(batch.column("shard")).to_pylist():
         rows = batch.filter(pc.equal(batch.column("shard"), sid))
@@ -61,8 +63,10 @@ def write_parts(batch: pa.Table, output: str) -> pa.Table:
         shards.append(sid)
         parts.append(part)
         counts.append(rows.num_rows)
+    n = len(shards)
     return pa.table({"shard": pa.array(shards, pa.int32()), "part": pa.array(parts, pa.string()),
-                     "rows": pa.array(counts, pa.int64())})
+                     "rows": pa.array(counts, pa.int64()), "encode_start": pa.array([t0] * n, pa.float64()),
+                     "encode_end": pa.array([t1] * n, pa.float64())})
 
 
 def commit_shard(output: str, shard_id: int, parts: List[str], expected_rows: int, meta_json: str,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,7 +37,7 @@ class _Handler(BaseHTTPRequestHandler):
     delay: float = 0.0
 
     def do_GET(self):  # noqa: N802 - http.server's naming
-        path = self.path.split("?", 1)[0]
+        path = urllib.parse.unquote(self.path.split("?", 1)[0])
         status, body, delay = self.routes.get(path, (None, None, self.delay))
         if status is None:
             f = (self.root / path.lstrip("/")).resolve()
@@ -108,6 +109,7 @@ def planted_world(tmp: Path, n: int):
     exif[0x0112] = 6
     (odd / "exif.jpg").write_bytes(_jpeg(stored, exif=exif))
     (odd / "palette.png").write_bytes(_png(src[16].convert("P")))
+    (odd / "café ü.jpg").write_bytes(_jpeg(src[14]))  # a non-ASCII url with a space: percent-encoded to fetch
     bad = world / "bad"
     bad.mkdir()
     full = _jpeg(src[10])
@@ -119,9 +121,10 @@ def planted_world(tmp: Path, n: int):
     routes = {"/err/500": (500, b"server error", 0.0), "/err/404": (404, b"gone", 0.0),
               "/slow.jpg": (200, full, 6.0), "/empty.jpg": (200, b"", 0.0)}
     odd_ids = {"odd_cmyk": "cmyk.jpg", "odd_gray": "gray.jpg", "odd_rgba": "rgba.png", "odd_rgba16": "rgba16.png",
-               "odd_gray16": "gray16.png", "odd_exif": "exif.jpg", "odd_palette": "palette.png"}
+               "odd_gray16": "gray16.png", "odd_exif": "exif.jpg", "odd_palette": "palette.png",
+               "odd_unicode": "café ü.jpg"}
     twins = {"odd_cmyk": "sw_000010", "odd_gray": None, "odd_rgba": "sw_000012", "odd_rgba16": "sw_000013",
-             "odd_exif": "sw_000015", "odd_palette": None, "odd_gray16": None}
+             "odd_exif": "sw_000015", "odd_palette": None, "odd_gray16": None, "odd_unicode": "sw_000014"}
 
     def rows(base: str, dead: str):
         good = url_rows(world, base)
@@ -206,7 +209,7 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
 
         assert summary["complete"] and summary["run"]["ray_nodes"] == 2
         n_in = len(expected) + sum(failed.values())
-        assert summary["images_in"] == n_in == 203
+        assert summary["images_in"] == n_in == 204
         assert summary["failed"] == failed
         assert summary["images_ok"] == len(expected)
         table, meta = read_tables(summary, kind="raw", backbone="edje-tiny-clip")
@@ -270,6 +273,8 @@ def test_worker_node_removed_mid_run_then_rerun_completes(tmp_path):
             except subprocess.TimeoutExpired:
                 first.kill()
                 first.wait()
+            print(f"first run: exit {first.returncode}, {committed_at_fault}/{n_shards} shards committed at the "
+                  f"fault, {len(glob.glob(str(out / 'stats' / '*.json')))} when it ended")
             cluster.add_node(num_cpus=1, object_store_memory=300 * MiB)
             cluster.wait_for_nodes()
             second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)

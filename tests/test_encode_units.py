@@ -223,3 +223,12 @@ def test_commit_keeps_each_row_once_and_refuses_gaps(tmp_path):
     assert table.column("image_id").to_pylist() == ["id0", "id2"]
     np.testing.assert_allclose(decode_tokens(table, got), meta.codec.decode(blob[[0, 2]], scales[[0, 2]]))
     assert json.loads(open(stats_path(out, 0)).read())["images_ok"] == 2
+
+
+def test_iri_urls_are_percent_encoded_for_download_only():
+    from pipeline.download import iri_to_uri
+
+    assert iri_to_uri("http://h:1/images/a.jpg?x=1") == "http://h:1/images/a.jpg?x=1"
+    assert iri_to_uri("http://h:1/images/café b.jpg?q=é") == "http://h:1/images/caf%C3%A9%20b.jpg?q=%C3%A9"
+    assert iri_to_uri("http://bücher.example/a.jpg") == "http://xn--bcher-kva.example/a.jpg"
+    assert iri_to_uri("http://h/already%20quoted.jpg") == "http://h/already%20quoted.jpg"
