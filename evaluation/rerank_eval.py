@@ -1,0 +1,190 @@
+"""Retrieval evaluation: FAISS first stage over the backbone's embeddings, EDJE reranking of the top k.
+
+Text-to-image: queries are the backbone's text embeddings of every caption, the index holds the
+tables' pooled image embeddings. Image-to-text: the other way round. The top k of each query are
+rescored by JointEncoder.score (the one scoring path), optionally plus w x first-stage similarity.
+Raw tables go through the checkpoint's adapter here (optionally round-tripped through a token
+codec, to measure int8/int4 storage); compressed tables' tokens go straight to the encoder.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import faiss
+import numpy as np
+import torch
+
+from evaluation.annotations import Annotations, load_annotations
+from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers
+from model.backbone import VisionBackbone
+from model.codecs import TokenCodec
+from model.edje import EDJEModel, load_checkpoint
+from schemas.config import BackboneConfig, CodecConfig
+from schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, read_token_tables, vector_matrix
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation run."""
+
+    annotations: str
+    tokens: List[str]
+    output: str
+    checkpoint: Optional[str] = None
+    k: int = 10
+    backbone_only: bool = False
+    first_stage_weight: float = 0.0  # > 0: rerank by ITM logit + weight * first-stage similarity
+    quant: Optional[str] = None  # raw tables only: round-trip adapter output through this codec
+    group_size: Optional[int] = None
+    backbone_pretrained: Optional[str] = None  # override the tables' pretrained path (e.g. moved checkpoint)
+    batch_size: int = 128
+    max_queries_per_image: Optional[int] = None  # T2I: keep the first N captions of each image (CPU budgets)
+    examples: int = 4
+    threads: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not self.backbone_only and not self.checkpoint:
+            raise ValueError("evaluation needs --checkpoint unless --backbone-only")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+
+
+@dataclass
+class Stage:
+    """Rankings of one direction before and after reranking, with the answer sets."""
+
+    first: np.ndarray
+    reranked: np.ndarray
+    answers: List[np.ndarray]
+    timings: Dict[str, float] = field(default_factory=dict)
+
+
+def select_rows(ann: Annotations, table_ids: Sequence[str]) -> np.ndarray:
+    """Row of the token table for each annotation image; ValueError naming missing ids."""
+    first: Dict[str, int] = {}
+    for i, x in enumerate(table_ids):
+        first.setdefault(x, i)
+    missing = [x for x in ann.image_ids if x not in first]
+    if missing:
+        raise ValueError(f"{len(missing)} of {ann.num_images} annotation images are not in the token tables "
+                         f"(e.g. {missing[:3]}); encode them first")
+    return np.array([first[x] for x in ann.image_ids])
+
+
+def first_stage(queries: np.ndarray, items: np.ndarray, depth: int):
+    """FAISS exact inner product: (scores [Q, depth], indices [Q, depth])."""
+    index = faiss.IndexFlatIP(items.shape[1])
+    index.add(np.ascontiguousarray(items, dtype=np.float32))
+    return index.search(np.ascontiguousarray(queries, dtype=np.float32), min(depth, items.shape[0]))
+
+
+@torch.no_grad()
+def image_tokens_for_encoder(model: EDJEModel, meta: TableMetadata, tokens: np.ndarray, cfg: EvalConfig) -> torch.Tensor:
+    """Encoder-ready image tokens [N, m, h]: the adapter over raw tokens (+ codec round trip), or stored tokens."""
+    if meta.kind == "compressed":
+        if meta.adapter_hash != model.adapter_hash():
+            raise TableMismatchError("adapter_hash", meta.adapter_hash, model.adapter_hash())
+        if cfg.quant:
+            raise ValueError("--quant applies to raw tables; compressed tables are already stored quantized")
+        return torch.from_numpy(tokens)
+    if model.config.adapter.input_dim != meta.width or model.config.backbone.name != meta.backbone:
+        raise TableMismatchError("backbone", f"{meta.backbone} ({meta.width} wide)",
+                                 f"{model.config.backbone.name} ({model.config.adapter.input_dim} wide)")
+    out = torch.cat([model.adapter(torch.from_numpy(tokens[i:i + cfg.batch_size]))
+                     for i in range(0, len(tokens), cfg.batch_size)])
+    if cfg.quant:
+        codec = TokenCodec(CodecConfig(cfg.quant, cfg.group_size), out.shape[1], out.shape[2])
+        out = codec.decode_torch(*codec.encode_torch(out))
+    return out
+
+
+@torch.no_grad()
+def score_pairs(model: EDJEModel, texts: Sequence[str], image_index: np.ndarray, images: torch.Tensor, batch: int) -> np.ndarray:
+    """ITM logits for (texts[i], images[image_index[i]]) in batches."""
+    out = []
+    for i in range(0, len(texts), batch):
+        idx = torch.from_numpy(image_index[i:i + batch])
+        out.append(model.encoder.score(list(texts[i:i + batch]), images[idx]).float().numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def evaluate(cfg: EvalConfig) -> Dict:
+    """Run the evaluation and write metrics.json, metrics.md, examples.png and run.json to cfg.output."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.time()
+    ann = load_annotations(cfg.annotations)
+    if cfg.max_queries_per_image:
+        keep = np.concatenate([c[:cfg.max_queries_per_image] for c in ann.image_to_captions()])
+        keep.sort()
+        ann = Annotations(ann.path, ann.image_ids, ann.image_paths, [ann.captions[j] for j in keep], ann.caption_image[keep])
+    from training.launch import expand_tables
+    table, meta = read_token_tables(expand_tables(cfg.tokens))
+    rows = select_rows(ann, table.column("image_id").to_pylist())
+    table = table.take(rows)
+    image_emb = vector_matrix(table.column("image_embedding"))
+    backbone = VisionBackbone.create(BackboneConfig(meta.backbone, cfg.backbone_pretrained or meta.pretrained, meta.feature_layer))
+    text_emb = np.concatenate([backbone.encode_text(ann.captions[i:i + 512]).numpy() for i in range(0, len(ann.captions), 512)])
+    if text_emb.shape[1] != image_emb.shape[1]:
+        raise TableMismatchError("embed_dim", image_emb.shape[1], text_emb.shape[1])
+    depth = max(cfg.k, max(KS))
+    t2i_sim, t2i_idx = first_stage(text_emb, image_emb, depth)
+    i2t_sim, i2t_idx = first_stage(image_emb, text_emb, depth)
+    t_first = time.time() - t0
+    t2i = Stage(t2i_idx, t2i_idx, t2i_answers(ann.caption_image))
+    i2t = Stage(i2t_idx, i2t_idx, i2t_answers(ann.caption_image, ann.num_images))
+    timings = {"load_and_first_stage_s": round(t_first, 2)}
+    model = None
+    if not cfg.backbone_only:
+        model = load_checkpoint(cfg.checkpoint)
+        t = time.time()
+        images = image_tokens_for_encoder(model, meta, decode_tokens(table, meta), cfg)
+        timings["image_tokens_s"] = round(time.time() - t, 2)
+        k = min(cfg.k, ann.num_images)
+        t = time.time()
+        q = np.repeat(np.arange(len(ann.captions)), k)
+        s = score_pairs(model, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images, cfg.batch_size).reshape(-1, k)
+        t2i.reranked = rerank(t2i_idx, k, s + cfg.first_stage_weight * t2i_sim[:, :k])
+        timings["rerank_t2i_s"] = round(time.time() - t, 2)
+        t = time.time()
+        kc = min(cfg.k, len(ann.captions))
+        caps = i2t_idx[:, :kc].reshape(-1)
+        s = score_pairs(model, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images, cfg.batch_size).reshape(-1, kc)
+        i2t.reranked = rerank(i2t_idx, kc, s + cfg.first_stage_weight * i2t_sim[:, :kc])
+        timings["rerank_i2t_s"] = round(time.time() - t, 2)
+        timings["pairs_scored"] = int(len(ann.captions) * k + ann.num_images * kc)
+    metrics = {
+        name: {"first_stage": recall(st.first, st.answers), "reranked": recall(st.reranked, st.answers)}
+        for name, st in (("t2i", t2i), ("i2t", i2t))
+    }
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "metrics.md").write_text(markdown_table(metrics, cfg, len(ann.captions), ann.num_images))
+    from evaluation.report import example_grid
+    example_grid(ann, t2i, out / "examples.png", cfg.examples, reranked=not cfg.backbone_only)
+    timings["total_s"] = round(time.time() - t0, 2)
+    run = {"config": asdict(cfg), "table": asdict(meta), "queries": {"t2i": len(ann.captions), "i2t": ann.num_images},
+           "timings": timings, "torch_threads": torch.get_num_threads()}
+    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    return metrics
+
+
+def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
+    """Recall before and after reranking, both directions, as a Markdown table."""
+    what = "backbone only" if cfg.backbone_only else f"EDJE `{cfg.checkpoint}` reranking top {cfg.k}"
+    if cfg.quant:
+        what += f", tokens {cfg.quant}"
+    lines = [f"Retrieval on `{cfg.annotations}` ({n_images} images, {n_captions} captions); {what}.", "",
+             "| direction | stage | R@1 | R@5 | R@10 |", "| --- | --- | ---: | ---: | ---: |"]
+    for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
+        for stage in ("first_stage", "reranked"):
+            r = metrics[d][stage]
+            lines.append(f"| {label} | {stage.replace('_', ' ')} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} |")
+        gain = {k: metrics[d]["reranked"][k] - metrics[d]["first_stage"][k] for k in ("r1", "r5", "r10")}
+        lines.append(f"| {label} | gain | {gain['r1']:+.2f} | {gain['r5']:+.2f} | {gain['r10']:+.2f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,72 @@
+"""Raw token tables straight from an annotation file (in-process, no Ray): for evaluation sets and
+small training sets. The encode pipeline (jobs/encode_cc12m.py) is the distributed writer; this one
+exists for annotation files whose images are already on disk, and can write one row per caption.
+
+  python -m evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-clip \
+      --pretrained checkpoints/edje-tiny-clip-sw.safetensors --output runs/test_raw.parquet
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Literal
+
+import fsspec
+import numpy as np
+import torch
+
+from evaluation.annotations import load_annotations, load_images
+from model.backbone import VisionBackbone
+from schemas.config import BackboneConfig
+from schemas.token_table import TableMetadata, build_table, write_token_table
+
+
+def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
+                       rows: Literal["image", "caption"] = "image", batch_size: int = 128) -> int:
+    """Write a raw token table (fp16 tokens, embeddings, caption + text embedding); returns its row count.
+
+    rows="image": one row per image with its first caption; rows="caption": one row per caption.
+    """
+    ann = load_annotations(annotations)
+    n, d = backbone.token_shape
+    meta = TableMetadata(kind="raw", backbone=backbone.config.name, pretrained=backbone.config.pretrained,
+                         feature_layer=backbone.config.feature_layer, num_tokens=n, width=d,
+                         quantization="fp16", embed_dim=backbone.embed_dim)
+    tokens, embs = [], []
+    for i in range(0, ann.num_images, batch_size):
+        t, e = backbone.encode(torch.from_numpy(load_images(ann.image_paths[i:i + batch_size])))
+        tokens.append(t.float().numpy())
+        embs.append(e.numpy())
+    tokens, embs = np.concatenate(tokens), np.concatenate(embs)
+    if rows == "image":
+        caption_rows = np.array([caps[0] for caps in ann.image_to_captions()])
+    elif rows == "caption":
+        caption_rows = np.arange(len(ann.captions))
+    else:
+        raise ValueError(f"rows must be 'image' or 'caption', got {rows!r}")
+    image_rows = ann.caption_image[caption_rows]
+    captions = [ann.captions[j] for j in caption_rows]
+    text = np.concatenate([backbone.encode_text(captions[i:i + 512]).numpy() for i in range(0, len(captions), 512)])
+    table = build_table(meta, [ann.image_ids[i] for i in image_rows], tokens[image_rows], embs[image_rows],
+                        captions=captions, text_embeddings=text)
+    fs, root = fsspec.core.url_to_fs(output)
+    fs.makedirs(fs._parent(root), exist_ok=True)
+    write_token_table(table, output)
+    return table.num_rows
+
+
+def main(argv=None) -> None:
+    """CLI entry point."""
+    p = argparse.ArgumentParser(description="Raw token table from a Karpathy-style annotation file")
+    p.add_argument("--annotations", required=True)
+    p.add_argument("--backbone", default="edje-tiny-clip")
+    p.add_argument("--pretrained", default=None)
+    p.add_argument("--feature-layer", default="final", choices=["final", "penultimate"])
+    p.add_argument("--rows", default="image", choices=["image", "caption"])
+    p.add_argument("--output", required=True)
+    a = p.parse_args(argv)
+    bb = VisionBackbone.create(BackboneConfig(a.backbone, a.pretrained, a.feature_layer))
+    print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows)} rows to {a.output}")
+
+
+if __name__ == "__main__":
+    main()

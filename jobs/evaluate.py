@@ -1,0 +1,53 @@
+"""Evaluate retrieval on a Karpathy-style split: FAISS first stage, EDJE reranking of the top k.
+
+  python jobs/evaluate.py --annotations world/flickr30k_test.json --tokens runs/test_raw.parquet \
+      --checkpoint checkpoints/edje-c64-distilled --k 10 --output runs/eval
+Writes metrics.json ({"t2i": {"first_stage": {...}, "reranked": {...}}, "i2t": {...}}), metrics.md,
+examples.png and run.json (config, timings) to --output.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script under `ray job submit`
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from evaluation.rerank_eval import EvalConfig, evaluate  # noqa: E402
+
+
+def main(argv=None) -> None:
+    """CLI entry point."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--annotations", required=True, help="Flickr30k/COCO Karpathy JSON; image paths relative to it")
+    p.add_argument("--tokens", nargs="+", required=True, help="token tables (raw or compressed): files or folders")
+    p.add_argument("--checkpoint", help="EDJE checkpoint dir (not needed with --backbone-only)")
+    p.add_argument("--k", type=int, default=10, help="first-stage candidates reranked per query")
+    p.add_argument("--output", required=True)
+    p.add_argument("--backbone-only", action="store_true", help="report the first stage alone")
+    p.add_argument("--add-first-stage-similarity", nargs="?", type=float, const=1.0, default=0.0, metavar="WEIGHT",
+                   help="rerank by ITM logit + WEIGHT x first-stage cosine (default weight 1)")
+    p.add_argument("--quant", choices=["fp32", "fp16", "int8", "int4"],
+                   help="raw tables: round-trip the adapter output through this token codec")
+    p.add_argument("--group-size", type=int, help="int4 scale group size")
+    p.add_argument("--backbone-pretrained", help="override the backbone checkpoint path stored in the tables")
+    p.add_argument("--batch-size", type=int, default=128, help="pairs per joint-encoder call")
+    p.add_argument("--max-queries-per-image", type=int, help="T2I: first N captions per image only")
+    p.add_argument("--examples", type=int, default=4, help="queries in examples.png")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    a = p.parse_args(argv)
+    cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
+                     backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity, quant=a.quant,
+                     group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
+                     max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads)
+    metrics = evaluate(cfg)
+    print((Path(a.output) / "metrics.md").read_text())
+    del metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Fine-tune an EDJE checkpoint with ITM only (lr 2e-5) on raw token tables with Ray Train.
+
+  python jobs/finetune.py --init checkpoints/edje-c64 --tables runs/enc/tables --storage-path runs/train \
+      --name edje-c64-ft --export runs/edje-c64-ft
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from training.launch import main  # noqa: E402
+
+
+def _require_init(cfg, args):
+    if not cfg.init_checkpoint:
+        raise SystemExit("finetune.py needs --init <EDJE checkpoint>")
+    return cfg
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:], __doc__.splitlines()[0], lr=2e-5, objectives=("itm",), adjust=_require_init)

@@ -1,0 +1,47 @@
+"""Train the project's small open_clip backbone contrastively on a Karpathy-style train split.
+
+Example (the committed checkpoint):
+  python -m jobs.train_backbone --train /tmp/world/flickr30k_train.json \
+      --eval /tmp/world/flickr30k_test.json --output checkpoints/edje-tiny-clip-sw.safetensors
+Load it with VisionBackbone.create(BackboneConfig("edje-tiny-clip", pretrained=<output>)).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from training.backbone import BackboneTrainConfig, train_backbone  # noqa: E402
+
+
+def main(argv=None) -> None:
+    """CLI entry point."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--train", required=True, help="train annotation JSON (images relative to its folder)")
+    p.add_argument("--eval", default=None, help="annotation JSON to report zero-shot recall on")
+    p.add_argument("--output", required=True, help="output .safetensors path (a .json record is written beside it)")
+    p.add_argument("--model", default="edje-tiny-clip", help="open_clip model name (model/configs/*.json)")
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    cfg = BackboneTrainConfig(
+        train_annotations=a.train, output=a.output, eval_annotations=a.eval, model=a.model, epochs=a.epochs,
+        batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, seed=a.seed,
+        eval_every=a.eval_every)
+    record = train_backbone(cfg)
+    print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""jobs/evaluate.py on a tiny sample world: metrics.json / metrics.md / examples.png, raw and compressed tables."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from evaluation.recall import embedding_recall, recall, rerank, top_rankings
+from model.backbone import VisionBackbone
+from model.edje import EDJEModel, save_checkpoint
+from schemas.config import BackboneConfig
+from schemas.token_table import TableMetadata, TableMismatchError, build_table, decode_tokens, read_token_table, write_token_table
+
+
+def test_recall_and_rerank_by_hand():
+    rankings = np.array([[2, 0, 1], [0, 1, 2], [1, 2, 0]])
+    answers = [np.array([0]), np.array([0]), np.array([0, 1])]
+    assert recall(rankings, answers, ks=(1, 2, 3)) == {"r1": 66.67, "r2": 100.0, "r3": 100.0}
+    moved = rerank(rankings, 2, np.array([[0.0, 1.0], [0.0, 1.0], [5.0, 1.0]]))
+    assert moved.tolist() == [[0, 2, 1], [1, 0, 2], [1, 2, 0]]  # only the first k are reordered
+    scores = np.array([[0.1, 0.9, 0.5], [0.3, 0.2, 0.1]])
+    assert top_rankings(scores, 2).tolist() == [[1, 2], [0, 1]]
+    with pytest.raises(ValueError, match="rerank scores"):
+        rerank(rankings, 3, np.zeros((3, 2)))
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    """A 32-image test split, a saved (random) tiny backbone, and a raw token table of the split."""
+    from sampleworld.world import WorldConfig, generate
+    from evaluation.tables import encode_annotations
+
+    root = tmp_path_factory.mktemp("evalworld")
+    generate(WorldConfig(seed=123, n_train=0, n_val=0, n_test=32), root / "world")
+    torch.manual_seed(0)
+    import open_clip
+    weights = root / "backbone.safetensors"
+    save_file({k: v.contiguous() for k, v in open_clip.create_model("edje-tiny-clip").state_dict().items()}, str(weights))
+    backbone = VisionBackbone.create(BackboneConfig("edje-tiny-clip", pretrained=str(weights)))
+    raw = root / "raw" / "test.parquet"
+    encode_annotations(str(root / "world" / "flickr30k_test.json"), backbone, str(raw))
+    return root, backbone, raw
+
+
+def _run(args):
+    # In-process: the CLI's own main(), without paying a second torch import per call.
+    from jobs.evaluate import main
+    main(args)
+
+
+def _check_outputs(out_dir: Path) -> dict:
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert set(metrics) == {"t2i", "i2t"}
+    for d in metrics.values():
+        assert set(d) == {"first_stage", "reranked"}
+        for r in d.values():
+            assert set(r) == {"r1", "r5", "r10"}
+            assert 0 <= r["r1"] <= r["r5"] <= r["r10"] <= 100
+    md = (out_dir / "metrics.md").read_text()
+    assert "| text→image | reranked |" in md and "| image→text | gain |" in md
+    with Image.open(out_dir / "examples.png") as im:
+        assert im.size[0] > 500 and im.size[1] > 150
+    return metrics
+
+
+def test_evaluate_raw_and_compressed_tables(tiny_world, tiny_edje_config, tmp_path):
+    root, backbone, raw = tiny_world
+    ann = root / "world" / "flickr30k_test.json"
+    torch.manual_seed(0)
+    model = EDJEModel(tiny_edje_config).eval()
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(model, str(ckpt))
+
+    # Backbone only: the first stage must equal the embeddings' own recall, computed independently.
+    _run(["--annotations", str(ann), "--tokens", str(raw), "--backbone-only", "--output", str(tmp_path / "bb")])
+    bb = _check_outputs(tmp_path / "bb")
+    from evaluation.annotations import load_annotations
+    a = load_annotations(ann)
+    table, meta = read_token_table(str(raw))
+    order = {x: i for i, x in enumerate(table.column("image_id").to_pylist())}
+    img = np.stack([np.asarray(table.column("image_embedding")[order[i]].as_py(), np.float32) for i in a.image_ids])
+    direct = embedding_recall(backbone.encode_text(a.captions).numpy(), img, a.caption_image)
+    for d in ("t2i", "i2t"):
+        assert bb[d]["first_stage"] == direct[d]
+        assert bb[d]["reranked"] == bb[d]["first_stage"]
+
+    # Raw tables: the adapter runs at evaluation time. Reranking the top 10 cannot change R@10.
+    _run(["--annotations", str(ann), "--tokens", str(raw.parent), "--checkpoint", str(ckpt), "--k", "10",
+          "--output", str(tmp_path / "raw")])
+    m_raw = _check_outputs(tmp_path / "raw")
+    for d in ("t2i", "i2t"):
+        assert m_raw[d]["first_stage"] == bb[d]["first_stage"]
+        assert m_raw[d]["reranked"]["r10"] == m_raw[d]["first_stage"]["r10"]
+    run = json.loads((tmp_path / "raw" / "run.json").read_text())
+    assert run["timings"]["pairs_scored"] == 32 * 5 * 10 + 32 * 10
+
+    # Compressed tables: stored adapter output (fp32, exact) goes straight to the encoder -> same figures.
+    with torch.no_grad():
+        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta))).numpy()
+    cmeta = TableMetadata(kind="compressed", backbone=meta.backbone, pretrained=meta.pretrained,
+                          feature_layer=meta.feature_layer, num_tokens=16, width=64, quantization="fp32",
+                          embed_dim=meta.embed_dim, adapter_hash=model.adapter_hash())
+    comp = tmp_path / "comp.parquet"
+    write_token_table(build_table(cmeta, table.column("image_id").to_pylist(), tokens,
+                                  np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])), str(comp))
+    _run(["--annotations", str(ann), "--tokens", str(comp), "--checkpoint", str(ckpt), "--output", str(tmp_path / "comp")])
+    assert _check_outputs(tmp_path / "comp") == m_raw
+
+    # A compressed table from another adapter is refused, naming the field.
+    bad = tmp_path / "bad.parquet"
+    other = TableMetadata(**{**cmeta.__dict__, "adapter_hash": "0" * 16})
+    write_token_table(build_table(other, table.column("image_id").to_pylist(), tokens,
+                                  np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])), str(bad))
+    with pytest.raises(TableMismatchError, match="adapter_hash"):
+        _run(["--annotations", str(ann), "--tokens", str(bad), "--checkpoint", str(ckpt), "--output", str(tmp_path / "bad")])

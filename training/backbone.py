@@ -1,0 +1,139 @@
+"""Contrastive (CLIP) training of a small open_clip backbone on a Karpathy-style caption set.
+
+Used for the embedded default: the project's own tiny backbone, trained on the sample
+world. Plain PyTorch on purpose: the model is a few MB, one process trains it in minutes,
+and the run is reproducible bit for bit from its config on the same thread count.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import open_clip
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+import model.backbone  # noqa: F401  registers the project's open_clip configs
+from evaluation.annotations import Annotations, load_annotations, load_images
+from evaluation.recall import embedding_recall
+
+
+@dataclass(frozen=True)
+class BackboneTrainConfig:
+    """What to train on, for how long, and where the fp16 safetensors checkpoint goes."""
+
+    train_annotations: str
+    output: str
+    eval_annotations: Optional[str] = None
+    model: str = "edje-tiny-clip"
+    epochs: int = 12
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 50
+    seed: int = 0
+    eval_every: int = 4  # epochs; a checkpoint is written at each evaluation
+
+
+def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
+    """uint8 [N, S, S, 3] -> normalised float [N, 3, S, S] with the model's own mean/std."""
+    pp = open_clip.get_model_preprocess_cfg(clip)
+    mean = torch.tensor(pp.get("mean", open_clip.OPENAI_DATASET_MEAN)).view(1, 3, 1, 1)
+    std = torch.tensor(pp.get("std", open_clip.OPENAI_DATASET_STD)).view(1, 3, 1, 1)
+    x = torch.from_numpy(images_u8).permute(0, 3, 1, 2).float().div_(255.0)
+    return (x - mean) / std
+
+
+def image_size(clip: torch.nn.Module) -> int:
+    """Square input size of the model's image tower."""
+    size = open_clip.get_model_preprocess_cfg(clip).get("size", 224)
+    return int(size[0] if isinstance(size, (list, tuple)) else size)
+
+
+@torch.no_grad()
+def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images: torch.Tensor, batch: int = 512) -> Dict:
+    """T2I and I2T R@1/5/10 of the model's own embeddings on an annotation set."""
+    clip.eval()
+    img = torch.cat([F.normalize(clip.encode_image(images[i:i + batch]), dim=-1) for i in range(0, len(images), batch)])
+    txt = torch.cat([F.normalize(clip.encode_text(tokenizer(ann.captions[i:i + batch])), dim=-1)
+                     for i in range(0, len(ann.captions), batch)])
+    return embedding_recall(txt.numpy(), img.numpy(), ann.caption_image)
+
+
+def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print) -> Dict:
+    """Train, evaluate, and write `cfg.output` (fp16 safetensors) plus a JSON record next to it."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    clip = open_clip.create_model(cfg.model)
+    tokenizer = open_clip.get_tokenizer(cfg.model)
+    size = image_size(clip)
+    train = load_annotations(cfg.train_annotations)
+    images = preprocess(clip, load_images(train.image_paths, size))
+    # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
+    text_ids = tokenizer(train.captions)
+    per_image = train.image_to_captions()
+    evaluation = None
+    if cfg.eval_annotations:
+        ev = load_annotations(cfg.eval_annotations)
+        evaluation = (ev, preprocess(clip, load_images(ev.image_paths, size)))
+    steps_per_epoch = math.ceil(train.num_images / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    decay = [p for n, p in clip.named_parameters() if p.ndim >= 2 and "embedding" not in n]
+    no_decay = [p for n, p in clip.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps)
+                                              * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    log(f"training {cfg.model}: {train.num_images} images, {len(train.captions)} captions, "
+        f"{steps_per_epoch} steps/epoch x {cfg.epochs} epochs")
+    history, start, step = [], time.time(), 0
+    for epoch in range(cfg.epochs):
+        clip.train()
+        order = rng.permutation(train.num_images)
+        # One caption per image per epoch, drawn at random: every caption is seen over the run.
+        caption_pick = np.array([rng.choice(per_image[i]) for i in range(train.num_images)])
+        losses = []
+        for b in range(steps_per_epoch):
+            idx = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            img = F.normalize(clip.encode_image(images[idx]), dim=-1)
+            txt = F.normalize(clip.encode_text(text_ids[caption_pick[idx]]), dim=-1)
+            logits = clip.logit_scale.exp() * img @ txt.T
+            target = torch.arange(len(idx))
+            loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            with torch.no_grad():
+                clip.logit_scale.clamp_(0, math.log(100))
+            losses.append(loss.item())
+            step += 1
+        row = {"epoch": epoch + 1, "step": step, "loss": round(float(np.mean(losses)), 4),
+               "elapsed_s": round(time.time() - start, 1)}
+        if evaluation and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
+            row["recall"] = zero_shot_recall(clip, tokenizer, *evaluation)
+        history.append(row)
+        log(json.dumps(row))
+        if "recall" in row or epoch + 1 == cfg.epochs:  # a usable checkpoint early; the last overwrites it
+            record = _save(clip, cfg, history, time.time() - start, done=epoch + 1 == cfg.epochs)
+    return record
+
+
+def _save(clip: torch.nn.Module, cfg: BackboneTrainConfig, history: list, wall: float, done: bool) -> Dict:
+    """Write the fp16 safetensors checkpoint and its JSON record (config, wall time, recall history)."""
+    out = Path(cfg.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # fp16 storage keeps the file under 10 MB; open_clip upcasts when it loads the state dict.
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in clip.state_dict().items()}
+    save_file(state, str(out), metadata={"model": cfg.model})
+    record = {"config": asdict(cfg), "complete": done, "wall_s": round(wall, 1),
+              "torch_threads": torch.get_num_threads(), "history": history,
+              "final_recall": history[-1].get("recall"), "bytes": out.stat().st_size}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    return record

@@ -1,0 +1,78 @@
+"""Typed configuration of a Ray Train EDJE job (pretraining, fine-tuning, distillation)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional, Tuple
+
+Objective = Literal["itm", "mlm", "recovery", "distill"]
+NegativeSource = Literal["in-batch", "miner"]
+
+PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build the EDJE model when no checkpoint is given to start from."""
+
+    adapter: Literal["local", "compressed"] = "compressed"
+    num_queries: int = 64
+    adapter_hidden: int = 8192
+    adapter_heads: int = 8
+    language_model: Optional[str] = None  # BERT dir (weights + tokenizer); None = the packaged all-MiniLM-L6-v2
+    encoder_layers: Optional[int] = None  # keep only the first N layers of the language model (CPU budgets)
+    # Random-init BERT of this shape (BertConfig fields) with the language model's tokenizer, instead
+    # of its weights: for CPU-only budgets where even a 384-wide encoder is too slow.
+    bert_config: Optional[Tuple[Tuple[str, int], ...]] = None
+    max_text_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class TrainJobConfig:
+    """Everything a training run needs; the run's identity is storage_path/name (rerun = resume)."""
+
+    tables: List[str]  # raw token table files or folders, any fsspec path
+    storage_path: str
+    name: str
+    model: ModelSpec = field(default_factory=ModelSpec)
+    init_checkpoint: Optional[str] = None  # start from this EDJE checkpoint (fine-tuning)
+    init_encoder_from: Optional[str] = None  # copy only the joint encoder from this checkpoint (distillation)
+    teacher_checkpoint: Optional[str] = None  # frozen teacher (distillation)
+    objectives: Tuple[str, ...] = PRETRAIN_OBJECTIVES
+    loss_weights: Tuple[Tuple[str, float], ...] = (("itm", 1.0), ("mlm", 1.0), ("recovery", 1.0), ("distill", 1.0))
+    num_workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    batch_size: int = 32  # per worker
+    epochs: int = 1
+    max_steps: Optional[int] = None  # stop after this many optimizer steps in total (all epochs)
+    lr: float = 3e-4
+    weight_decay: float = 0.05
+    warmup_steps: int = 100
+    lr_decay: float = 0.9  # multiplied in once per epoch
+    k: int = 4  # hard negatives per sample and direction
+    mining: Literal["topk", "sample"] = "topk"
+    mining_temperature: float = 0.05
+    negatives: NegativeSource = "in-batch"
+    miner_url: Optional[str] = None
+    shuffle: bool = False  # False: table order (sorted by image id); True: local shuffle buffer
+    checkpoint_every: int = 200  # steps; a checkpoint is also written at each epoch's end
+    log_every: int = 10
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.objectives) - {"itm", "mlm", "recovery", "distill"}
+        if unknown:
+            raise ValueError(f"unknown objectives {sorted(unknown)}; choose from itm, mlm, recovery, distill")
+        if "distill" in self.objectives and not self.teacher_checkpoint:
+            raise ValueError("the distill objective needs teacher_checkpoint")
+        if self.negatives == "miner" and not self.miner_url:
+            raise ValueError("negatives='miner' needs miner_url")
+        if self.negatives not in ("in-batch", "miner"):
+            raise ValueError(f"negatives must be 'in-batch' or 'miner', got {self.negatives!r}")
+        if self.batch_size < 2:
+            raise ValueError("batch_size must be at least 2 (negatives come from the batch)")
+
+    def weight(self, objective: str) -> float:
+        """Loss weight of one objective."""
+        return dict(self.loss_weights).get(objective, 1.0)

@@ -1,0 +1,209 @@
+"""Launch a training run on Ray Train (TorchTrainer + DDP) over raw token tables read with Ray Data.
+
+Shared by jobs/pretrain.py, jobs/finetune.py and jobs/distill.py: one parser, one launcher;
+the jobs differ only in their objectives and defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from typing import List, Optional, Sequence, Tuple
+
+import fsspec
+
+from schemas.token_table import TableMetadata, read_metadata
+from training.config import ModelSpec, TrainJobConfig
+
+
+def expand_tables(paths: Sequence[str]) -> List[str]:
+    """Table files named directly, or every *.parquet under a named folder (any fsspec path), sorted."""
+    out: List[str] = []
+    for p in paths:
+        fs, root = fsspec.core.url_to_fs(p)
+        proto = p.split("://")[0] + "://" if "://" in p else ""
+        if fs.isdir(root):
+            found = sorted(f for f in fs.find(root) if f.endswith(".parquet"))
+            if not found:
+                raise FileNotFoundError(f"no .parquet token tables under {p}")
+            out += [proto + f if proto else f for f in found]
+        elif fs.exists(root):
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"token table {p} does not exist")
+    return out
+
+
+def check_tables(paths: Sequence[str]) -> TableMetadata:
+    """All tables must be raw and made by one backbone/codec; returns their common metadata."""
+    first: Optional[TableMetadata] = None
+    for p in paths:
+        meta = read_metadata(p)
+        if first is None:
+            meta.check(p, kind="raw")
+            first = meta
+        else:
+            meta.check(p, kind="raw", backbone=first.backbone, pretrained=first.pretrained,
+                       feature_layer=first.feature_layer, num_tokens=first.num_tokens, width=first.width,
+                       quantization=first.quantization, embed_dim=first.embed_dim, group_size=first.group_size)
+    assert first is not None
+    return first
+
+
+def read_dataset(paths: Sequence[str]):
+    """Ray Data dataset over the tables (local paths as is; other fsspec paths through an fsspec handler)."""
+    import ray.data
+    remote = [p for p in paths if "://" in p and not p.startswith("file://")]
+    if not remote:
+        return ray.data.read_parquet(list(paths))
+    import pyarrow.fs as pafs
+    fs, _ = fsspec.core.url_to_fs(remote[0])
+    stripped = [fsspec.core.url_to_fs(p)[1] for p in paths]
+    return ray.data.read_parquet(stripped, filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
+
+
+def run(cfg: TrainJobConfig):
+    """Fit on Ray Train; returns the ray.train.Result (its .checkpoint is the newest checkpoint)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    paths = expand_tables(cfg.tables)
+    meta = check_tables(paths)
+    storage = cfg.storage_path if "://" in cfg.storage_path else os.path.abspath(cfg.storage_path)
+    trainer = TorchTrainer(
+        _entry,
+        train_loop_config={"job": cfg, "meta": meta, "paths": paths},
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                               resources_per_worker={"CPU": cfg.cpus_per_worker}),
+        run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,
+                                       checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints)),
+        datasets={"train": read_dataset(paths)},
+    )
+    return trainer.fit()
+
+
+def _entry(config: dict) -> None:
+    # Imported inside the worker so that the driver never builds a model.
+    from training.loop import train_loop_per_worker
+    train_loop_per_worker(config)
+
+
+def export_checkpoint(result, target: str) -> str:
+    """Copy the run's newest checkpoint (model files; the optimizer state stays behind) to `target`."""
+    if result.checkpoint is None:
+        raise RuntimeError("the run reported no checkpoint")
+    with result.checkpoint.as_directory() as d:
+        os.makedirs(target, exist_ok=True)
+        for name in os.listdir(d):
+            if name == "optimizer.pt":
+                continue
+            src, dst = os.path.join(d, name), os.path.join(target, name)
+            if os.path.isdir(src):
+                shutil.copytree(src, dst, dirs_exist_ok=True)
+            else:
+                shutil.copy2(src, dst)
+    return target
+
+
+def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> argparse.ArgumentParser:
+    """The command line shared by the training jobs; defaults differ per job."""
+    d = TrainJobConfig(tables=[], storage_path="", name="")
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--tables", nargs="+", required=True, help="raw token tables: files or folders, any fsspec path")
+    p.add_argument("--storage-path", required=True, help="where Ray Train keeps checkpoints (local dir or URI)")
+    p.add_argument("--name", required=True, help="run name; rerunning the same name resumes from its newest checkpoint")
+    p.add_argument("--export", help="copy the final checkpoint (our format) to this folder")
+    p.add_argument("--num-workers", type=int, default=d.num_workers)
+    p.add_argument("--use-gpu", action="store_true")
+    p.add_argument("--cpus-per-worker", type=float, default=d.cpus_per_worker)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per worker")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--lr-decay", type=float, default=d.lr_decay, help="multiplier applied once per epoch")
+    p.add_argument("--k", type=int, default=d.k, help="hard negatives per sample and direction")
+    p.add_argument("--mining", choices=["topk", "sample"], default=d.mining)
+    p.add_argument("--mining-temperature", type=float, default=d.mining_temperature)
+    p.add_argument("--negatives", choices=["in-batch", "miner"], default=d.negatives,
+                   help="in-batch: mined among the batch gathered across workers; miner: POST /v1/negatives")
+    p.add_argument("--miner-url", help="base url of the miner service (with --negatives miner)")
+    p.add_argument("--shuffle", action="store_true", help="local shuffle buffer (default: table order)")
+    p.add_argument("--objectives", nargs="+", default=list(objectives), choices=["itm", "mlm", "recovery", "distill"])
+    p.add_argument("--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), default=[],
+                   help="weight of one objective (default 1.0)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    p.add_argument("--seed", type=int, default=d.seed)
+    m = p.add_argument_group("model (ignored with --init)")
+    s = ModelSpec()
+    m.add_argument("--adapter", choices=["local", "compressed"], default=s.adapter)
+    m.add_argument("--num-queries", type=int, default=s.num_queries)
+    m.add_argument("--adapter-hidden", type=int, default=s.adapter_hidden)
+    m.add_argument("--adapter-heads", type=int, default=s.adapter_heads)
+    m.add_argument("--language-model", help="local BERT folder (default: the packaged all-MiniLM-L6-v2)")
+    m.add_argument("--encoder-layers", type=int, help="keep only the first N language-model layers")
+    m.add_argument("--max-text-tokens", type=int, default=s.max_text_tokens)
+    m.add_argument("--random-bert", nargs="+", metavar="FIELD=INT",
+                   help="random-init BERT of this shape (e.g. hidden_size=128 num_hidden_layers=4 "
+                   "num_attention_heads=4 intermediate_size=512) with the language model's tokenizer")
+    p.add_argument("--init", help="start from this EDJE checkpoint")
+    p.add_argument("--init-encoder-from", help="copy only the joint encoder from this EDJE checkpoint")
+    p.add_argument("--teacher", help="frozen teacher EDJE checkpoint (distill objective)")
+    p.add_argument("--ray-address", default=None, help="Ray cluster (default: $RAY_ADDRESS, else a local instance)")
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
+    """TrainJobConfig from parsed arguments."""
+    spec = ModelSpec(adapter=a.adapter, num_queries=a.num_queries, adapter_hidden=a.adapter_hidden,
+                     adapter_heads=a.adapter_heads, language_model=a.language_model,
+                     encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens,
+                     bert_config=_bert_fields(a.random_bert))
+    weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
+    weights.update({k: float(v) for k, v in a.loss_weight})
+    return TrainJobConfig(
+        tables=list(a.tables), storage_path=a.storage_path, name=a.name, model=spec, init_checkpoint=a.init,
+        init_encoder_from=a.init_encoder_from, teacher_checkpoint=a.teacher, objectives=tuple(a.objectives),
+        loss_weights=tuple(sorted(weights.items())), num_workers=a.num_workers, use_gpu=a.use_gpu,
+        cpus_per_worker=a.cpus_per_worker, batch_size=a.batch_size, epochs=a.epochs, max_steps=a.max_steps,
+        lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, lr_decay=a.lr_decay, k=a.k,
+        mining=a.mining, mining_temperature=a.mining_temperature, negatives=a.negatives, miner_url=a.miner_url,
+        shuffle=a.shuffle, checkpoint_every=a.checkpoint_every, log_every=a.log_every,
+        keep_checkpoints=a.keep_checkpoints, seed=a.seed)
+
+
+def _bert_fields(items) -> Optional[tuple]:
+    if not items:
+        return None
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise SystemExit(f"--random-bert takes FIELD=INT items, got {item!r}")
+        out.append((key, int(value)))
+    return tuple(sorted(out))
+
+
+def main(argv, description: str, lr: float, objectives: Tuple[str, ...], adjust=None) -> None:
+    """Parse, start Ray (the given cluster, or a local one), fit, optionally export, print the result."""
+    import ray
+    a = build_parser(description, lr, objectives).parse_args(argv)
+    cfg = config_from_args(a)
+    if adjust is not None:
+        cfg = adjust(cfg, a)
+    address = a.ray_address or os.environ.get("RAY_ADDRESS") or "local"
+    env = {k: os.environ.get(k, v) for k, v in (("NO_ALBUMENTATIONS_UPDATE", "1"), ("HF_HUB_OFFLINE", "1"),
+                                                    ("TRANSFORMERS_OFFLINE", "1"))}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
+    ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True)
+    result = run(cfg)
+    print(f"final metrics: {result.metrics}")
+    if result.checkpoint is not None:
+        print(f"newest checkpoint: {result.checkpoint.path}")
+    if a.export:
+        print(f"exported to {export_checkpoint(result, a.export)}")
+

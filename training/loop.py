@@ -1,0 +1,183 @@
+"""The Ray Train worker loop shared by pretraining, fine-tuning and distillation.
+
+Each worker reads its shard of the raw token tables (Ray Data), gathers the batch's embeddings,
+captions and tokens from all workers, mines k hard negatives per sample (or asks the miner
+service), and steps the DDP-wrapped objectives. Rank 0 writes our checkpoint format
+(model/edje.py save_checkpoint + optimizer state + position) every N steps and at each epoch's
+end, through ray.train.report; a rerun of the same run resumes from the newest one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from model.edje import EDJEModel, load_checkpoint, save_checkpoint
+from schemas.token_table import TableMetadata
+from training.batches import TrainBatch, decode_batch, gather_batch
+from training.config import TrainJobConfig
+from training.mining import MinerConfig
+from training.model_init import build_model
+from training.negatives import MinerNegatives, TokenLookup, in_batch_negatives
+from training.objectives import EDJEObjectives, teacher_scores
+
+OPTIMIZER = "optimizer.pt"
+
+
+@dataclass
+class Position:
+    """Where a run stands: optimizer steps taken, current epoch, batches of that epoch consumed."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+def learning_rate(cfg: TrainJobConfig, step: int, epoch: int) -> float:
+    """Linear warm-up over warmup_steps, then step decay by lr_decay once per epoch (DESIGN.md)."""
+    warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+    return cfg.lr * warm * (cfg.lr_decay ** epoch)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainJobConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (biases, norms and the adapter queries are exempt)."""
+    decay, rest = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 and "norm" not in name.lower() and not name.endswith("query") else rest).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr)
+
+
+def save_training_checkpoint(model: EDJEModel, optimizer: torch.optim.Optimizer, pos: Position,
+                             metrics: Dict, directory: str) -> None:
+    """Our checkpoint format plus the optimizer state and the run position."""
+    save_checkpoint(model, directory, extra={"position": asdict(pos), "metrics": metrics})
+    torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER))
+
+
+def read_position(directory: str) -> Position:
+    """The run position stored in a training checkpoint."""
+    with open(os.path.join(directory, "config.json")) as f:
+        return Position(**json.load(f).get("position", {}))
+
+
+def _mean_across_workers(values: Dict[str, float]) -> Dict[str, float]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train entry: config = {"job": TrainJobConfig, "meta": TableMetadata}."""
+    import ray.train
+    import ray.train.torch
+
+    cfg: TrainJobConfig = config["job"]
+    meta: TableMetadata = config["meta"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.manual_seed(cfg.seed + rank)
+    torch.set_num_threads(max(1, int(round(cfg.cpus_per_worker))))
+    device = ray.train.torch.get_device()
+
+    pos, opt_state = Position(), None
+    resume = ray.train.get_checkpoint()
+    if resume is not None:
+        with resume.as_directory() as d:
+            model = load_checkpoint(d).train()
+            pos = read_position(d)
+            opt_state = torch.load(os.path.join(d, OPTIMIZER), map_location="cpu", weights_only=False)
+        print(f"[rank {rank}] resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})", flush=True)
+    else:
+        model = build_model(cfg.model, meta, cfg.init_checkpoint, cfg.init_encoder_from)
+    teacher = None
+    if "distill" in cfg.objectives:
+        teacher = load_checkpoint(cfg.teacher_checkpoint).to(device).eval().requires_grad_(False)
+    weights = {k: float(v) for k, v in cfg.loss_weights}
+    objectives = EDJEObjectives(model, cfg.objectives, weights)
+    # Heads that an objective set leaves unused (MLM, recovery when fine-tuning) get no gradient.
+    wrapped = ray.train.torch.prepare_model(objectives, parallel_strategy_kwargs={"find_unused_parameters": True})
+    optimizer = build_optimizer(objectives, cfg)
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state)
+
+    miner_cfg = MinerConfig(k=cfg.k, strategy=cfg.mining, temperature=cfg.mining_temperature)
+    generator = torch.Generator().manual_seed(cfg.seed * 1000 + rank + pos.step)
+    miner = MinerNegatives(cfg.miner_url, cfg.k, TokenLookup(config["paths"])) if cfg.negatives == "miner" else None
+    shard = ray.train.get_dataset_shard("train")
+    sums: Dict[str, float] = {}
+    count, started, last_metrics = 0, time.time(), {}
+
+    def report(checkpoint_due: bool) -> None:
+        nonlocal sums, count, last_metrics
+        metrics = _mean_across_workers({k: v / max(count, 1) for k, v in sums.items()})
+        metrics.update(step=pos.step, epoch=pos.epoch, lr=learning_rate(cfg, pos.step, pos.epoch),
+                       elapsed_s=round(time.time() - started, 1))
+        last_metrics, sums, count = metrics, {}, 0
+        if rank == 0:
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) and k != "lr" else v for k, v in metrics.items()}), flush=True)
+        if checkpoint_due:
+            with tempfile.TemporaryDirectory() as tmp:
+                checkpoint = None
+                if rank == 0:
+                    save_training_checkpoint(model, optimizer, pos, metrics, tmp)
+                    checkpoint = ray.train.Checkpoint.from_directory(tmp)
+                ray.train.report(metrics, checkpoint=checkpoint)
+        else:
+            ray.train.report(metrics)
+
+    def done() -> bool:
+        return cfg.max_steps is not None and pos.step >= cfg.max_steps
+
+    while pos.epoch < cfg.epochs and not done():
+        batches = shard.iter_batches(batch_size=cfg.batch_size, batch_format="pyarrow", drop_last=True,
+                                     local_shuffle_buffer_size=4 * cfg.batch_size if cfg.shuffle else None,
+                                     local_shuffle_seed=cfg.seed + pos.epoch if cfg.shuffle else None)
+        for i, raw in enumerate(batches):
+            if i < pos.batch_in_epoch:
+                continue  # data position after a resume: skip what the checkpointed run consumed
+            batch = _to_device(decode_batch(raw, meta), device)
+            neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
+            neg.image_tokens = neg.image_tokens.to(device)
+            t_logits = teacher_scores(teacher, batch, neg) if teacher is not None else None
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(cfg, pos.step, pos.epoch)
+            out = wrapped(batch, neg, t_logits)
+            optimizer.zero_grad(set_to_none=True)
+            out["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(objectives.parameters(), 5.0)
+            optimizer.step()
+            pos.step += 1
+            pos.batch_in_epoch = i + 1
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + float(v.detach())
+            count += 1
+            checkpoint_due = pos.step % cfg.checkpoint_every == 0 or done()
+            if checkpoint_due or pos.step % cfg.log_every == 0:
+                report(checkpoint_due)
+            if done():
+                break
+        else:
+            pos.epoch += 1
+            pos.batch_in_epoch = 0
+            report(True)
+    if resume is not None and count == 0 and not last_metrics and rank == 0:
+        print(f"[rank {rank}] nothing left to do at step {pos.step}", flush=True)
+
+
+def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    if device.type == "cpu":
+        return batch
+    return TrainBatch(batch.image_ids, batch.captions, batch.tokens.to(device), batch.image_emb.to(device),
+                      batch.text_emb.to(device))

