@@ -168,6 +168,7 @@ def main() -> int:
     gpu_urls.write_text("".join(urls.read_text().splitlines(keepends=True)[: args.gpu_images + 1]))
     cpu_urls = workdir / "urls-cpu.tsv"
     cpu_urls.write_text("".join(urls.read_text().splitlines(keepends=True)[: args.images + 1]))
+    load_before = os.getloadavg()
     # 1) the full job from the url list (img2dataset downloads from the loopback server included)
     full = run_pipeline(workdir, cpu_urls, args.backbone, args.batch_size, args.shard_size, args.threads)
     from model.backbone import VisionBackbone
@@ -187,7 +188,9 @@ def main() -> int:
                       "threads": args.threads, "full_job_with_downloads": e2e_full,
                       "pipeline_from_shards_end_to_end": e2e, "pipeline_from_shards_steady": steady,
                       "bare_loop_before": round(bare1, 2), "bare_loop_after": round(bare2, 2),
-                      "ratio_end_to_end": round(e2e / bare, 3), "ratio_steady": round(steady / bare, 3)}
+                      "ratio_end_to_end": round(e2e / bare, 3), "ratio_steady": round(steady / bare, 3),
+                      "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+                      "cpus": os.cpu_count()}
     print(f"\n[bench] {args.backbone}, {enc['images_ok']} images, batch {args.batch_size}, {args.threads} torch threads:")
     print(f"[bench]   full job incl. img2dataset downloads   {e2e_full:.1f} img/s")
     print(f"[bench]   pipeline from shards, end to end        {e2e:.1f} img/s (incl. actor start-up, commits)")
