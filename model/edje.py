@@ -59,11 +59,16 @@ def state_hash(module: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None) -> None:
-    """Write `config.json`, `model.safetensors` and the tokenizer to a directory (any fsspec path)."""
+def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None,
+                    dtype: Optional[torch.dtype] = None) -> None:
+    """Write `config.json`, `model.safetensors` and the tokenizer to a directory (any fsspec path).
+
+    `dtype=torch.float16` halves the file (for checkpoints shipped in the repository); loading casts
+    back to the model's fp32 parameters.
+    """
     fs, root = fsspec.core.url_to_fs(path)
     fs.makedirs(root, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {k: _cast(v.detach().cpu(), dtype).contiguous() for k, v in model.state_dict().items()}
     with fs.open(f"{root}/{WEIGHTS}", "wb") as f:
         f.write(save(_untie(state)))
     meta = {"config": json.loads(to_json(model.config)), "adapter_hash": model.adapter_hash(), **(extra or {})}
@@ -132,6 +137,10 @@ def _local_tokenizer(fs, root: str) -> str:
     tmp = tempfile.mkdtemp(prefix="edje-tok-")
     fs.get(f"{root}/{TOKENIZER}/", tmp, recursive=True)
     return tmp
+
+
+def _cast(t: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
 
 def _untie(state: dict) -> dict:

@@ -94,6 +94,12 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
         assert torch.allclose(model.score_backbone_tokens(texts, x), loaded.score_backbone_tokens(texts, x), atol=1e-6)
     assert loaded.adapter_hash() == model.adapter_hash()
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["adapter_hash"] == model.adapter_hash()
+    save_checkpoint(model, str(tmp_path / "half"), dtype=torch.float16)
+    half = load_checkpoint(str(tmp_path / "half"))
+    assert (tmp_path / "half" / "model.safetensors").stat().st_size < 0.6 * (tmp_path / "ckpt" / "model.safetensors").stat().st_size
+    assert next(half.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        assert torch.allclose(model.score_backbone_tokens(texts, x), half.score_backbone_tokens(texts, x), atol=5e-2)
 
     other = EDJEConfig(tiny_edje_config.backbone,
                        AdapterConfig(**{**tiny_edje_config.adapter.__dict__, "num_queries": 32}),
