@@ -32,13 +32,14 @@ def main(argv=None) -> None:
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--stop-after", type=int, help="train only this many epochs of the --epochs-long LR schedule")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = BackboneTrainConfig(
         train_annotations=a.train, output=a.output, eval_annotations=a.eval, model=a.model, epochs=a.epochs,
         batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, seed=a.seed,
-        eval_every=a.eval_every)
+        eval_every=a.eval_every, stop_after=a.stop_after)
     record = train_backbone(cfg)
     print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
 

@@ -39,6 +39,7 @@ class BackboneTrainConfig:
     warmup_steps: int = 50
     seed: int = 0
     eval_every: int = 4  # epochs; a checkpoint is written at each evaluation
+    stop_after: Optional[int] = None  # train only this many epochs of the `epochs`-long schedule
 
 
 def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
@@ -93,7 +94,8 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     log(f"training {cfg.model}: {train.num_images} images, {len(train.captions)} captions, "
         f"{steps_per_epoch} steps/epoch x {cfg.epochs} epochs")
     history, start, step = [], time.time(), 0
-    for epoch in range(cfg.epochs):
+    last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    for epoch in range(last):
         clip.train()
         order = rng.permutation(train.num_images)
         # One caption per image per epoch, drawn at random: every caption is seen over the run.
@@ -116,12 +118,12 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             step += 1
         row = {"epoch": epoch + 1, "step": step, "loss": round(float(np.mean(losses)), 4),
                "elapsed_s": round(time.time() - start, 1)}
-        if evaluation and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
+        if evaluation and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == last):
             row["recall"] = zero_shot_recall(clip, tokenizer, *evaluation)
         history.append(row)
         log(json.dumps(row))
-        if "recall" in row or epoch + 1 == cfg.epochs:  # a usable checkpoint early; the last overwrites it
-            record = _save(clip, cfg, history, time.time() - start, done=epoch + 1 == cfg.epochs)
+        if "recall" in row or epoch + 1 == last:  # a usable checkpoint early; the last overwrites it
+            record = _save(clip, cfg, history, time.time() - start, done=epoch + 1 == last)
     return record
 
 
