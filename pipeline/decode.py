@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError

@@ -7,7 +7,6 @@ codec, so only the stored bytes leave the actor.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -161,7 +160,3 @@ def _assigned_cpus() -> int:
     except Exception:  # noqa: BLE001 - not inside a Ray worker
         return int(os.environ.get("OMP_NUM_THREADS", "1"))
 
-
-def spec_dict(spec: EncoderSpec) -> dict:
-    """JSON-ready form of an EncoderSpec (for the job manifest)."""
-    return dataclasses.asdict(spec)
