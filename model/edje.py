@@ -70,7 +70,7 @@ def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None,
     fs.makedirs(root, exist_ok=True)
     state = {k: _cast(v.detach().cpu(), dtype).contiguous() for k, v in model.state_dict().items()}
     with fs.open(f"{root}/{WEIGHTS}", "wb") as f:
-        f.write(save(_untie(state)))
+        f.write(save(_drop_tied(model, state)))
     meta = {"config": json.loads(to_json(model.config)), "adapter_hash": model.adapter_hash(), **(extra or {})}
     with fs.open(f"{root}/{CONFIG}", "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
@@ -120,14 +120,16 @@ def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_locati
 def load_state(module: nn.Module, state: dict, where: str) -> None:
     """load_state_dict(strict) with a message that names the missing, unexpected or misshapen key."""
     own = module.state_dict()
-    missing = sorted(set(own) - set(state))
+    # A tied weight (BERT's MLM decoder = its word embeddings) is stored once, under its first name.
+    tied = {k for group in _tied_groups(module) for k in group[1:] if group[0] in state}
+    missing = sorted(set(own) - set(state) - tied)
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise CheckpointError(f"{where}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
     for k, v in sorted(state.items()):  # sorted: the same key is named every time
         if tuple(v.shape) != tuple(own[k].shape):
             raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the config expects {list(own[k].shape)}")
-    module.load_state_dict(state, strict=True)
+    module.load_state_dict(state, strict=False)  # every key was checked above; tied ones follow their twin
 
 
 def _local_tokenizer(fs, root: str) -> str:
@@ -143,14 +145,18 @@ def _cast(t: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
     return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
 
-def _untie(state: dict) -> dict:
-    # safetensors refuses tensors that share storage (BERT ties decoder and word embeddings).
-    seen, out = set(), {}
-    for k, v in state.items():
-        ptr = (v.data_ptr(), v.numel())
-        out[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    return out
+def _tied_groups(module: nn.Module) -> list:
+    """Names of state-dict entries that share one storage, each group in state-dict order."""
+    groups: dict = {}
+    for k, v in module.state_dict(keep_vars=True).items():
+        groups.setdefault((v.data_ptr(), v.numel(), tuple(v.shape)), []).append(k)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _drop_tied(model: nn.Module, state: dict) -> dict:
+    # safetensors refuses shared storage, and a copy would double the largest matrix: keep the first name.
+    drop = {k for group in _tied_groups(model) for k in group[1:]}
+    return {k: v for k, v in state.items() if k not in drop}
 
 
 def _diff(a: EDJEConfig, b: EDJEConfig) -> str:
