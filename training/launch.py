@@ -6,6 +6,7 @@ the jobs differ only in their objectives and defaults.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 from typing import List, Optional, Sequence, Tuple
@@ -72,7 +73,8 @@ def run(cfg: TrainJobConfig):
     storage = cfg.storage_path if "://" in cfg.storage_path else os.path.abspath(cfg.storage_path)
     trainer = TorchTrainer(
         _entry,
-        train_loop_config={"job": cfg, "meta": meta, "paths": paths},
+        train_loop_config={"job": cfg, "meta": meta, "paths": paths,
+                           "resume_candidates": checkpoint_candidates(storage, cfg.name)},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,
@@ -80,6 +82,33 @@ def run(cfg: TrainJobConfig):
         datasets={"train": read_dataset(paths)},
     )
     return trainer.fit()
+
+
+def checkpoint_candidates(storage: str, name: str) -> List[Tuple[int, str]]:
+    """(step, path) of the run's checkpoints that have all their files, newest first.
+
+    Ray Train restores from its own snapshot, which a hard kill can leave one checkpoint
+    behind (or missing); the workers take whichever is newer and loads.
+    """
+    import json
+    fs, root = fsspec.core.url_to_fs(f"{storage.rstrip('/')}/{name}")
+    proto = storage.split("://")[0] + "://" if "://" in storage else ""
+    if not fs.isdir(root):
+        return []
+    found = []
+    for d in fs.ls(root, detail=False):
+        base = d.rstrip("/").rsplit("/", 1)[-1]
+        if not base.startswith("checkpoint_"):
+            continue
+        if not all(fs.exists(f"{d}/{f}") for f in ("config.json", "model.safetensors", "optimizer.pt")):
+            continue
+        try:
+            with fs.open(f"{d}/config.json") as f:
+                step = int(json.load(f)["position"]["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a config.json cut short by the kill
+        found.append((step, proto + d if proto else d))
+    return sorted(found, reverse=True)
 
 
 def _entry(config: dict) -> None:
@@ -199,7 +228,11 @@ def main(argv, description: str, lr: float, objectives: Tuple[str, ...], adjust=
                                                     ("TRANSFORMERS_OFFLINE", "1"))}
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
-    ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True)
+    kwargs = {}
+    if address == "local":
+        # Ray Data's read tasks need a CPU beside the training workers, or the shard never fills.
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, int(math.ceil(cfg.num_workers * cfg.cpus_per_worker)) + 1)
+    ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True, **kwargs)
     result = run(cfg)
     print(f"final metrics: {result.metrics}")
     if result.checkpoint is not None:

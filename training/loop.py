@@ -63,10 +63,33 @@ def save_training_checkpoint(model: EDJEModel, optimizer: torch.optim.Optimizer,
     torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER))
 
 
-def read_position(directory: str) -> Position:
-    """The run position stored in a training checkpoint."""
-    with open(os.path.join(directory, "config.json")) as f:
-        return Position(**json.load(f).get("position", {}))
+def _load_training_checkpoint(directory: str):
+    """(model, position, optimizer state) from one of our training checkpoints (any fsspec path)."""
+    import fsspec
+    model = load_checkpoint(directory).train()
+    fs, root = fsspec.core.url_to_fs(directory)
+    with fs.open(f"{root}/config.json") as f:
+        pos = Position(**json.load(f).get("position", {}))
+    with fs.open(f"{root}/{OPTIMIZER}", "rb") as f:
+        opt_state = torch.load(f, map_location="cpu", weights_only=False)
+    return model, pos, opt_state
+
+
+def resume_state(ray_checkpoint, candidates) -> Optional[tuple]:
+    """The newest loadable state: Ray's restored checkpoint or a newer complete one found in storage."""
+    states = []
+    if ray_checkpoint is not None:
+        with ray_checkpoint.as_directory() as d:
+            states.append(_load_training_checkpoint(d))
+    best = states[0][1].step if states else -1
+    for step, path in candidates:  # newest first
+        if step <= best:
+            break
+        try:
+            return _load_training_checkpoint(path)
+        except Exception as e:  # noqa: BLE001 - a checkpoint cut short by a kill: try the next one
+            print(f"skipping unreadable checkpoint {path}: {e}", flush=True)
+    return states[0] if states else None
 
 
 def _mean_across_workers(values: Dict[str, float]) -> Dict[str, float]:
@@ -91,15 +114,12 @@ def train_loop_per_worker(config: dict) -> None:
     torch.set_num_threads(max(1, int(round(cfg.cpus_per_worker))))
     device = ray.train.torch.get_device()
 
-    pos, opt_state = Position(), None
-    resume = ray.train.get_checkpoint()
+    resume = resume_state(ray.train.get_checkpoint(), config.get("resume_candidates", []))
     if resume is not None:
-        with resume.as_directory() as d:
-            model = load_checkpoint(d).train()
-            pos = read_position(d)
-            opt_state = torch.load(os.path.join(d, OPTIMIZER), map_location="cpu", weights_only=False)
+        model, pos, opt_state = resume
         print(f"[rank {rank}] resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})", flush=True)
     else:
+        pos, opt_state = Position(), None
         model = build_model(cfg.model, meta, cfg.init_checkpoint, cfg.init_encoder_from)
     teacher = None
     if "distill" in cfg.objectives:
@@ -172,7 +192,7 @@ def train_loop_per_worker(config: dict) -> None:
             pos.epoch += 1
             pos.batch_in_epoch = 0
             report(True)
-    if resume is not None and count == 0 and not last_metrics and rank == 0:
+    if resume is not None and not last_metrics and rank == 0:
         print(f"[rank {rank}] nothing left to do at step {pos.step}", flush=True)
 
 
