@@ -1,0 +1,224 @@
+"""The whole EDJE loop on the embedded default, in one command, on one machine with no internet.
+
+    .venv/bin/python jobs/quickstart.py
+
+1. a local Ray cluster; 2. the sample world generated and served on loopback; 3. img2dataset
+downloads it and the encode job writes raw backbone-token tables (training input); 4. the
+project's shipped checkpoints (or, with --pretrain-steps, a short pretraining on those raw
+tables); 5. the encode job writes compressed int8 token tables with the checkpoint's adapter;
+6. evaluation before and after reranking; 7. Ray Serve with the reranker; one /v1/rerank
+request; 8. a table of recall before and after and the top results of that request.
+Everything it started is stopped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+BACKBONE = "edje-tiny-clip"
+BACKBONE_WEIGHTS = ROOT / "checkpoints" / "edje-tiny-clip-sw.safetensors"
+CHECKPOINT = ROOT / "checkpoints" / "edje-c64-distill"
+
+
+@dataclass(frozen=True)
+class QuickstartConfig:
+    """Options of the quickstart run."""
+
+    output: str = "runs/quickstart"
+    seed: int = 0
+    checkpoint: str = str(CHECKPOINT)
+    backbone_weights: str = str(BACKBONE_WEIGHTS)
+    quant: str = "int8"
+    k: int = 10
+    queries_per_image: Optional[int] = 1
+    pretrain_steps: int = 0
+    num_cpus: int = 2
+    test_images: Optional[int] = None  # encode and evaluate only the first N test images (whole families)
+
+
+def step(n: int, text: str, t0: float) -> None:
+    """Print a numbered progress line with the elapsed time."""
+    print(f"\n=== [{n}/8] {text}  (t={time.time() - t0:.0f}s)", flush=True)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for Ray Serve's HTTP proxy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cfg: QuickstartConfig) -> dict:
+    """Run the loop; returns the recall metrics and the rerank response."""
+    import ray
+    import requests
+    from ray import serve
+
+    from evaluation.rerank_eval import EvalConfig, evaluate
+    from pipeline.job import run_encode_job
+    from sampleworld import WorldConfig, generate
+    from sampleworld.server import serve_directory
+    from schemas.encode_job import EncodeJobConfig
+    from serving.app import build
+    from serving.config import ServeConfig
+
+    t0 = time.time()
+    out = (ROOT / cfg.output).resolve() if not os.path.isabs(cfg.output) else Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+
+    step(1, "starting a local Ray cluster", t0)
+    ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False)
+    server = None
+    try:
+        step(2, f"generating the sample world (seed {cfg.seed}) and serving it on loopback", t0)
+        world = out / "world"
+        if not (world / "world.json").exists():
+            generate(WorldConfig(seed=cfg.seed), world)
+        server = serve_directory(world, port=0)
+        urls = test_url_list(world, server.base_url, out / "test_urls.tsv", cfg.test_images)
+        print(f"    {server.base_url} serves {world}; url list of the test split: {urls}", flush=True)
+
+        step(3, "img2dataset download + raw backbone-token encode (Ray Data)", t0)
+        common = dict(input=str(urls), backbone=BACKBONE, pretrained=cfg.backbone_weights, shard_size=250,
+                      num_cpus=cfg.num_cpus)
+        raw = run_encode_job(EncodeJobConfig(output=str(out / "raw"), **common))
+
+        checkpoint = cfg.checkpoint
+        if cfg.pretrain_steps:
+            step(4, f"short pretraining on Ray Train ({cfg.pretrain_steps} steps, from the shipped checkpoint)", t0)
+            checkpoint = str(out / "pretrained")
+            subprocess.run([sys.executable, str(ROOT / "jobs" / "pretrain.py"), "--tables", *raw["tables"],
+                            "--storage-path", str(out / "train"), "--name", "quickstart", "--init", cfg.checkpoint,
+                            "--max-steps", str(cfg.pretrain_steps), "--num-workers", "1", "--batch-size", "16",
+                            "--export", checkpoint, "--ray-address", ray.get_runtime_context().gcs_address],
+                           check=True)
+        else:
+            step(4, f"using the shipped checkpoint {os.path.relpath(checkpoint, ROOT)}", t0)
+            made_by = json.loads((Path(checkpoint) / "config.json").read_text()).get("command")
+            if made_by:
+                print(f"    made by: {made_by}", flush=True)
+
+        step(5, f"compressed-token encode with the checkpoint's adapter ({cfg.quant})", t0)
+        comp = run_encode_job(EncodeJobConfig(output=str(out / f"compressed-{cfg.quant}"), adapter=checkpoint,
+                                              quant=cfg.quant, **common))
+
+        step(6, f"evaluation: first stage (FAISS) vs EDJE reranking of the top {cfg.k}", t0)
+        metrics = evaluate(EvalConfig(annotations=str(annotations(world, out, cfg.test_images)), tokens=list(comp["tables"]),
+                                      output=str(out / "eval"), checkpoint=checkpoint, k=cfg.k,
+                                      backbone_pretrained=cfg.backbone_weights,
+                                      max_queries_per_image=cfg.queries_per_image))
+
+        step(7, "Ray Serve: token store + first stage + reranker behind FastAPI; one /v1/rerank request", t0)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build(ServeConfig(checkpoint=checkpoint, token_tables=tuple(comp["tables"]),
+                                    backbone_pretrained=cfg.backbone_weights)), name="edje", route_prefix="/")
+        query, documents, answer = rerank_request(world, cfg.test_images)
+        base = f"http://127.0.0.1:{port}"
+        response = requests.post(f"{base}/v1/rerank", json={"query": query, "documents": documents, "top_n": 5,
+                                                            "return_documents": True}, timeout=120).json()
+
+        step(8, "results", t0)
+        print_report(metrics, query, documents, answer, response, raw, comp)
+        (out / "rerank_response.json").write_text(json.dumps(response, indent=2))
+        print(f"\nquickstart finished in {time.time() - t0:.0f}s; outputs under {out} "
+              f"(eval/metrics.md, eval/examples.png, rerank_response.json)", flush=True)
+        return {"metrics": metrics, "response": response}
+    finally:
+        try:
+            serve.shutdown()
+        except Exception:  # Serve was never started
+            pass
+        ray.shutdown()
+        if server is not None:
+            server.stop()
+
+
+def test_url_list(world: Path, base_url: str, path: Path, limit: Optional[int]) -> Path:
+    """CC12M-style url list of the test split (or its first `limit` images)."""
+    from sampleworld import url_rows
+
+    rows = url_rows(world, base_url, splits=("test",))[:limit]
+    cols = ("url", "caption", "image_id")  # captions hold no tabs or newlines (the world guarantees it)
+    path.write_text("\n".join(["\t".join(cols)] + ["\t".join(r[c] for c in cols) for r in rows]) + "\n")
+    return path
+
+
+def annotations(world: Path, out: Path, limit: Optional[int]) -> Path:
+    """The test split's annotation file, cut to the images that were encoded."""
+    full = world / "flickr30k_test.json"
+    if limit is None:
+        return full
+    cut = out / f"flickr30k_test_first{limit}.json"
+    cut.write_text(json.dumps(json.loads(full.read_text())[:limit]))
+    return cut
+
+
+def rerank_request(world: Path, limit: Optional[int]):
+    """A test caption, its image's family (the attribute-swapped twins) plus other images, and the answer."""
+    from sampleworld import load_world
+
+    manifest = load_world(world)
+    test = [r for r in manifest.images if r.split == "test"][:limit]
+    target = test[len(test) // 3]
+    family = [r.image_id for r in test if r.family_id == target.family_id]
+    others = [r.image_id for r in test if r.family_id != target.family_id][:10 - len(family)]
+    documents = sorted(family + others)
+    return target.captions[0], documents, target.image_id
+
+
+def print_report(metrics, query, documents, answer, response, raw, comp) -> None:
+    """Recall before/after and the top results of the rerank request, as plain tables."""
+    print("\nRecall on the sample world's test split (first stage = backbone embeddings via FAISS):")
+    print(f"{'direction':<12}{'stage':<14}{'R@1':>8}{'R@5':>8}{'R@10':>8}")
+    for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
+        for stage in ("first_stage", "reranked"):
+            r = metrics[d][stage]
+            print(f"{label:<12}{stage.replace('_', ' '):<14}{r['r1']:>8.2f}{r['r5']:>8.2f}{r['r10']:>8.2f}")
+    print(f"\nstorage: raw {raw['bytes_per_image']:,} B/image, compressed {comp['bytes_per_image']:,} B/image")
+    print(f"\nPOST /v1/rerank  query: {query!r}  ({len(documents)} documents: the answer's family of twins + others)")
+    for rank, r in enumerate(response["results"], 1):
+        doc = documents[r["index"]]
+        mark = "  <- the right image" if doc == answer else ""
+        print(f"  {rank}. {doc}  relevance {r['relevance_score']:.3f}{mark}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse options and run the quickstart."""
+    d = QuickstartConfig()
+    p = argparse.ArgumentParser(prog="quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", default=d.output, help="output folder (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="sample world seed (default %(default)s: the benchmark's world)")
+    p.add_argument("--checkpoint", default=d.checkpoint, help="EDJE checkpoint (default: the shipped compressed-64 distilled)")
+    p.add_argument("--backbone-weights", default=d.backbone_weights, help="backbone checkpoint (default: shipped)")
+    p.add_argument("--quant", default=d.quant, choices=["fp16", "int8", "int4"], help="token storage (default %(default)s)")
+    p.add_argument("--k", type=int, default=d.k, help="first-stage candidates reranked (default %(default)s)")
+    p.add_argument("--queries-per-image", type=int, default=d.queries_per_image,
+                   help="text→image queries per test image (default %(default)s; 5 = all captions, slower)")
+    p.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps,
+                   help="run a short Ray Train pretraining from the shipped checkpoint first (default: none)")
+    p.add_argument("--test-images", type=int, help="encode and evaluate only the first N test images (default: all)")
+    p.add_argument("--num-cpus", type=int, default=d.num_cpus, help="CPUs of the local Ray (default %(default)s)")
+    a = p.parse_args(argv)
+    run(QuickstartConfig(output=a.output, seed=a.seed, checkpoint=a.checkpoint, backbone_weights=a.backbone_weights,
+                         quant=a.quant, k=a.k, queries_per_image=a.queries_per_image, pretrain_steps=a.pretrain_steps,
+                         num_cpus=a.num_cpus, test_images=a.test_images))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
