@@ -117,7 +117,7 @@ def run(cfg: QuickstartConfig) -> dict:
                                               quant=cfg.quant, **common))
 
         step(6, f"evaluation: first stage (FAISS) vs EDJE reranking of the top {cfg.k}", t0)
-        metrics = evaluate(EvalConfig(annotations=str(annotations(world, out, cfg.test_images)), tokens=list(comp["tables"]),
+        metrics = evaluate(EvalConfig(annotations=str(annotations(world, cfg.test_images)), tokens=list(comp["tables"]),
                                       output=str(out / "eval"), checkpoint=checkpoint, k=cfg.k,
                                       backbone_pretrained=cfg.backbone_weights,
                                       max_queries_per_image=cfg.queries_per_image))
@@ -158,12 +158,12 @@ def test_url_list(world: Path, base_url: str, path: Path, limit: Optional[int]) 
     return path
 
 
-def annotations(world: Path, out: Path, limit: Optional[int]) -> Path:
+def annotations(world: Path, limit: Optional[int]) -> Path:
     """The test split's annotation file, cut to the images that were encoded."""
     full = world / "flickr30k_test.json"
     if limit is None:
         return full
-    cut = out / f"flickr30k_test_first{limit}.json"
+    cut = world / f"flickr30k_test_first{limit}.json"  # beside images/: paths in it are relative
     cut.write_text(json.dumps(json.loads(full.read_text())[:limit]))
     return cut
 

@@ -51,8 +51,13 @@ class EDJEModel(nn.Module):
 
 def state_hash(module: nn.Module) -> str:
     """sha256 (16 hex) over a module's sorted parameter names, shapes and fp32 bytes."""
+    return hash_state(module.state_dict())
+
+
+def hash_state(state: dict) -> str:
+    """The hash of `state_hash`, over a state dict (tensors of any float dtype, hashed as fp32)."""
     h = hashlib.sha256()
-    for name, t in sorted(module.state_dict().items()):
+    for name, t in sorted(state.items()):
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
@@ -71,7 +76,9 @@ def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None,
     state = {k: _cast(v.detach().cpu(), dtype).contiguous() for k, v in model.state_dict().items()}
     with fs.open(f"{root}/{WEIGHTS}", "wb") as f:
         f.write(save(_drop_tied(model, state)))
-    meta = {"config": json.loads(to_json(model.config)), "adapter_hash": model.adapter_hash(), **(extra or {})}
+    # The hash of the weights as stored (and so as loaded): fp16 storage rounds them.
+    adapter_hash = hash_state({k[len("adapter."):]: v for k, v in state.items() if k.startswith("adapter.")})
+    meta = {"config": json.loads(to_json(model.config)), "adapter_hash": adapter_hash, **(extra or {})}
     with fs.open(f"{root}/{CONFIG}", "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
     if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:

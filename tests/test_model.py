@@ -98,6 +98,8 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
     half = load_checkpoint(str(tmp_path / "half"))
     assert (tmp_path / "half" / "model.safetensors").stat().st_size < 0.6 * (tmp_path / "ckpt" / "model.safetensors").stat().st_size
     assert next(half.parameters()).dtype == torch.float32
+    # tables written with the loaded (fp16-rounded) adapter must match the hash the checkpoint records
+    assert json.loads((tmp_path / "half" / "config.json").read_text())["adapter_hash"] == half.adapter_hash()
     with torch.no_grad():
         assert torch.allclose(model.score_backbone_tokens(texts, x), half.score_backbone_tokens(texts, x), atol=5e-2)
 
