@@ -52,6 +52,8 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--k-neg", type=int, default=3, help="hard negatives per sample and direction")
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup-steps", type=int, default=20, help="short runs: DESIGN.md's 100 would be most of the run")
+    p.add_argument("--mlm-weight", type=float, default=0.3, help="MLM loss weight (ITM and recovery weigh 1)")
     p.add_argument("--random-bert", nargs="*", default=["hidden_size=128", "num_hidden_layers=4",
                                                          "num_attention_heads=4", "intermediate_size=512"],
                    help="joint encoder shape (random init); pass no values to start from MiniLM")
@@ -60,6 +62,9 @@ def main(argv=None) -> None:
     p.add_argument("--variants", nargs="+", default=["a", "b", "c", "d", "e", "f", "g"])
     p.add_argument("--ks", nargs="+", type=int, default=[5, 10, 20, 50])
     p.add_argument("--cpus", type=float, default=2.0, help="CPUs of the one training worker")
+    p.add_argument("--c-steps", type=int, help="steps of the compressed pretraining runs (default --steps)")
+    p.add_argument("--no-shuffle", action="store_true", help="table order: every batch holds whole twin families "
+                   "(from-scratch encoders stayed at chance ITM for 60 steps that way)")
     a = p.parse_args(argv)
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -71,7 +76,8 @@ def main(argv=None) -> None:
                                         "--backbone", a.backbone, "--pretrained", a.pretrained, "--output", out], out, log)
     common = ["--tables", train_tab.parent, "--storage-path", work / "train", "--num-workers", "1",
               "--cpus-per-worker", a.cpus, "--batch-size", a.batch_size, "--k", a.k_neg, "--lr", a.lr,
-              "--checkpoint-every", 100, "--log-every", 20, "--epochs", 1]
+              "--checkpoint-every", 100, "--log-every", 20, "--epochs", 1, "--warmup-steps", a.warmup_steps,
+              "--loss-weight", "mlm", a.mlm_weight] + ([] if a.no_shuffle else ["--shuffle"])
     if a.random_bert:
         common += ["--random-bert", *a.random_bert]
     ann = Path(a.test_annotations) if a.test_annotations else world / "flickr30k_test.json"
@@ -99,10 +105,10 @@ def main(argv=None) -> None:
         results["(b) EDJE local"] = evaluate("b_local", local)
     if "c" in v:
         results["(c) compressed-64"] = evaluate("c_c64", train("c64", ["--adapter", "compressed", "--num-queries", 64,
-                                                                      "--adapter-hidden", 1024]))
+                                                                      "--adapter-hidden", 1024], steps=a.c_steps or a.steps))
     if v & {"d", "e", "f"}:
-        d64 = train("c64_distilled", ["--teacher", local, "--num-queries", 64, "--adapter-hidden", 1024,
-                                      "--warmup-steps", 20], job="distill.py", steps=a.distill_steps)
+        d64 = train("c64_distilled", ["--teacher", local, "--num-queries", 64, "--adapter-hidden", 1024],
+                    job="distill.py", steps=a.distill_steps)
         results["(d) compressed-64 distilled"] = evaluate("d_c64_distilled", d64)
         if "e" in v:
             for q in ("int8", "int4"):
@@ -114,7 +120,7 @@ def main(argv=None) -> None:
     if "g" in v:
         for m in (32, 128):
             results[f"(g) compressed-{m}"] = evaluate(f"g_c{m}", train(f"c{m}", ["--adapter", "compressed", "--num-queries", m,
-                                                                                 "--adapter-hidden", 1024]))
+                                                                                 "--adapter-hidden", 1024], steps=a.c_steps or a.steps))
     times = json.loads((work / "times.json").read_text()) if (work / "times.json").exists() else {}
     (work / "results.json").write_text(json.dumps({"results": results, "wall_s": times}, indent=2))
     lines = ["| variant | T2I R@1 | R@5 | R@10 | I2T R@1 | R@5 | R@10 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
