@@ -69,7 +69,7 @@ def plot(workdir: Path, output: Path, backbone_tokens: int) -> list:
         if base:
             first = base["t2i" if col == 3 else "i2t"]["first_stage"]["r1"]
             ax.axhline(first, color="grey", linestyle="--", label=f"backbone first stage ({first:.1f})")
-            ax.legend(loc="lower right", fontsize=8)
+            ax.legend(loc="center right", fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel("bytes per image (log)")
         ax.set_ylabel(label + " after reranking")
