@@ -7,6 +7,8 @@ codec, so only the stored bytes leave the actor.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import time
 from dataclasses import dataclass
@@ -54,10 +56,21 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
     ck = from_dict(EDJEConfig, read_checkpoint_config(adapter)["config"]).backbone
     for flag, value, want in (("--backbone", name, ck.name), ("--pretrained", pretrained, ck.pretrained),
                               ("--feature-layer", feature_layer, ck.feature_layer)):
-        if value is not None and value != want:
+        same = _same_weights(value, want) if flag == "--pretrained" else value == want
+        if value is not None and not same:
             raise ValueError(f"{flag} {value!r} does not match the adapter checkpoint {adapter}, "
                              f"which was trained on {want!r}")
-    return ck
+    # The flag names the weights where they lie on this machine; the checkpoint may record another path.
+    return dataclasses.replace(ck, pretrained=pretrained) if pretrained else ck
+
+
+def _same_weights(given: Optional[str], recorded: Optional[str]) -> bool:
+    """Same tag, or the same local file reached by another (e.g. relative vs absolute) path."""
+    if given == recorded or given is None or recorded is None:
+        return given == recorded or given is None
+    if os.path.isfile(given) and os.path.isfile(recorded):
+        return os.path.samefile(given, recorded)
+    return False
 
 
 def describe_model(spec: EncoderSpec) -> ModelInfo:
