@@ -71,7 +71,8 @@ def _load_training_checkpoint(directory: str):
     with fs.open(f"{root}/config.json") as f:
         pos = Position(**json.load(f).get("position", {}))
     with fs.open(f"{root}/{OPTIMIZER}", "rb") as f:
-        opt_state = torch.load(f, map_location="cpu", weights_only=False)
+        # weights_only: tensors and plain containers only, never arbitrary pickled objects
+        opt_state = torch.load(f, map_location="cpu", weights_only=True)
     return model, pos, opt_state
 
 
