@@ -30,11 +30,9 @@ class EDJEModel(nn.Module):
     def __init__(self, cfg: EDJEConfig, load_language_model: bool = True):
         super().__init__()
         self.config = cfg
-        expect = cfg.adapter.output_tokens(cfg.encoder.num_image_tokens)
         if cfg.adapter.kind == "compressed" and cfg.adapter.num_queries != cfg.encoder.num_image_tokens:
             raise ValueError(f"adapter emits {cfg.adapter.num_queries} tokens but the joint encoder takes "
                              f"{cfg.encoder.num_image_tokens}")
-        del expect
         self.adapter = build_adapter(cfg.adapter)
         self.encoder = JointEncoder(cfg.encoder, load_weights=load_language_model)
         if cfg.adapter.output_dim != self.encoder.hidden_size:
@@ -78,10 +76,12 @@ def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None,
         f.write(save(_drop_tied(model, state)))
     # The hash of the weights as stored (and so as loaded): fp16 storage rounds them.
     adapter_hash = hash_state({k[len("adapter."):]: v for k, v in state.items() if k.startswith("adapter.")})
-    meta = {"config": json.loads(to_json(model.config)), "adapter_hash": adapter_hash, **(extra or {})}
+    meta = {"config": json.loads(to_json(model.config)), "adapter_hash": adapter_hash,
+            # The BERT shape itself, so loading never needs the language model it started from.
+            "bert_config": model.encoder.bert.config.to_dict(), **(extra or {})}
     with fs.open(f"{root}/{CONFIG}", "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
-    if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+    if "file" in fs.protocol:
         model.encoder.tokenizer.save_pretrained(os.path.join(root, TOKENIZER))
     else:  # tokenizers write to local dirs only; stage and upload
         import tempfile
@@ -109,8 +109,8 @@ def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_locati
     tokenizer_dir = _local_tokenizer(fs, root)
     enc = cfg.encoder
     # Weights come from the checkpoint, so BERT is built from its config, not its pretrained files.
-    bert_cfg = enc.bert_config
-    if bert_cfg is None:
+    bert_cfg = meta.get("bert_config") or enc.bert_config
+    if bert_cfg is None:  # checkpoints written before bert_config was recorded
         from transformers import BertConfig
         bert_cfg = BertConfig.from_pretrained(enc.language_model).to_dict()
     local = EDJEConfig(cfg.backbone, cfg.adapter, type(enc)(

@@ -94,6 +94,7 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
         assert torch.allclose(model.score_backbone_tokens(texts, x), loaded.score_backbone_tokens(texts, x), atol=1e-6)
     assert loaded.adapter_hash() == model.adapter_hash()
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["adapter_hash"] == model.adapter_hash()
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["bert_config"]["hidden_size"] == 64
     save_checkpoint(model, str(tmp_path / "half"), dtype=torch.float16)
     half = load_checkpoint(str(tmp_path / "half"))
     assert (tmp_path / "half" / "model.safetensors").stat().st_size < 0.6 * (tmp_path / "ckpt" / "model.safetensors").stat().st_size
