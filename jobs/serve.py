@@ -28,21 +28,10 @@ from serving.config import DeploymentResources, ServeConfig  # noqa: E402
 
 
 def expand(paths: List[str]) -> List[str]:
-    """Expand globs on any fsspec filesystem (s3://.../part-*.parquet), keeping the protocol."""
-    import fsspec
+    """Files, folders or globs on any fsspec filesystem (s3://.../part-*.parquet), keeping the protocol."""
+    from schemas.token_table import expand_paths
 
-    out = []
-    for p in paths:
-        if any(ch in p for ch in "*?["):
-            fs, _ = fsspec.core.url_to_fs(p)
-            found = sorted(fs.glob(p))
-            if not found:
-                raise FileNotFoundError(f"{p} matches no files")
-            proto = p.split("://", 1)[0] + "://" if "://" in p else ""
-            out += [f if f.startswith(proto) else proto + f for f in found]
-        else:
-            out.append(p)
-    return out
+    return expand_paths(paths)
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:

@@ -206,6 +206,28 @@ def read_token_tables(paths: Iterable[str], filesystem=None, columns=None, **exp
     return pa.concat_tables(tables).sort_by("image_id"), first
 
 
+def expand_paths(paths: Iterable[str], suffix: str = ".parquet") -> List[str]:
+    """Files named directly, every `suffix` file under a named folder, or glob matches; any fsspec path, sorted."""
+    out: List[str] = []
+    for p in paths:
+        fs, root = fsspec.core.url_to_fs(p)
+        proto = p.split("://", 1)[0] + "://" if "://" in p else ""
+        if any(ch in p for ch in "*?["):
+            found = sorted(fs.glob(root))
+        elif fs.isdir(root):
+            found = sorted(f for f in fs.find(root) if f.endswith(suffix))
+        elif fs.exists(root):
+            out.append(p)
+            continue
+        else:
+            raise FileNotFoundError(f"{p} does not exist")
+        if not found:
+            raise FileNotFoundError(f"{p} matches no files" if "*" in p or "?" in p or "[" in p
+                                    else f"no {suffix} files under {p}")
+        out += [f if f.startswith(proto) else proto + f for f in found]
+    return out
+
+
 def decode_tokens(table: pa.Table, meta: TableMetadata) -> np.ndarray:
     """Decode a table's token blobs into float32 [N, n, d]."""
     blob = blob_matrix(table.column("tokens"), meta.codec.blob_bytes)

@@ -74,3 +74,19 @@ def test_bad_shapes_are_named():
         build_table(_meta(), ids, tokens[:, :8], emb)
     with pytest.raises(ValueError, match="image_embedding must have shape"):
         build_table(_meta(), ids, tokens, emb[:, :5])
+
+
+def test_expand_paths_takes_files_folders_and_globs(tmp_path):
+    from schemas.token_table import expand_paths
+    ids, tokens, emb = _rows(3)
+    for i in range(2):
+        write_token_table(build_table(_meta(), ids, tokens, emb), str(tmp_path / f"part-{i}.parquet"))
+    (tmp_path / "notes.txt").write_text("not a table")
+    both = [str(tmp_path / "part-0.parquet"), str(tmp_path / "part-1.parquet")]
+    assert expand_paths([str(tmp_path)]) == both
+    assert expand_paths([str(tmp_path / "part-*.parquet")]) == both
+    assert expand_paths([both[1]]) == [both[1]]
+    with pytest.raises(FileNotFoundError, match="matches no files"):
+        expand_paths([str(tmp_path / "zz-*.parquet")])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        expand_paths([str(tmp_path / "missing.parquet")])

@@ -13,26 +13,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import fsspec
 
-from schemas.token_table import TableMetadata, read_metadata
+from schemas.token_table import TableMetadata, expand_paths, read_metadata
 from training.config import ModelSpec, TrainJobConfig
 
 
 def expand_tables(paths: Sequence[str]) -> List[str]:
     """Table files named directly, or every *.parquet under a named folder (any fsspec path), sorted."""
-    out: List[str] = []
-    for p in paths:
-        fs, root = fsspec.core.url_to_fs(p)
-        proto = p.split("://")[0] + "://" if "://" in p else ""
-        if fs.isdir(root):
-            found = sorted(f for f in fs.find(root) if f.endswith(".parquet"))
-            if not found:
-                raise FileNotFoundError(f"no .parquet token tables under {p}")
-            out += [proto + f if proto else f for f in found]
-        elif fs.exists(root):
-            out.append(p)
-        else:
-            raise FileNotFoundError(f"token table {p} does not exist")
-    return out
+    return expand_paths(paths)
 
 
 def check_tables(paths: Sequence[str]) -> TableMetadata:
