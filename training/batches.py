@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from schemas.token_table import TableMetadata, blob_matrix, vector_matrix
+from schemas.token_table import TableMetadata, decode_tokens, vector_matrix
 
 RAW_COLUMNS = ["image_id", "tokens", "image_embedding", "caption", "text_embedding"]
 
@@ -35,11 +35,7 @@ def decode_batch(batch: pa.Table | dict, meta: TableMetadata) -> TrainBatch:
     if missing:
         raise ValueError(f"training needs raw token tables; the batch lacks columns {missing} "
                          "(compressed tables carry no captions)")
-    codec = meta.codec
-    scales = None
-    if codec.num_scales:
-        scales = blob_matrix(table.column("token_scales"), 2 * codec.num_scales).view("<f2")
-    tokens = codec.decode(blob_matrix(table.column("tokens"), codec.blob_bytes), scales)
+    tokens = decode_tokens(table, meta)
     return TrainBatch(
         image_ids=table.column("image_id").to_pylist(),
         captions=table.column("caption").to_pylist(),
