@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline import storage
 from pipeline.decode import OK, PilResizer
+from pipeline.plan import read_shard_input
 from pipeline.reasons import DOWNLOAD_ERROR, split_reason, classify_download_error
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # img2dataset imports albumentations, which phones home
@@ -128,6 +129,6 @@ def download_rows(item: Dict, cfg: DownloadConfig) -> Iterator[Dict]:
     """Ray Data flat_map stage: download a shard (unless our marker says it is done), yield its rows."""
     shard_id = int(item["shard"])
     if not storage.exists(storage.join(cfg.downloads, f"{shard_name(shard_id)}.done")):
-        download_shard(shard_id, _read_parquet(item["input"]), cfg)
+        download_shard(shard_id, read_shard_input(item["input"], int(item["row_group"])), cfg)
     yield from read_downloaded(shard_id, cfg)
 

@@ -1,11 +1,13 @@
 """The encode job: url list -> img2dataset shards -> Ray Data decode/encode -> committed token tables.
 
-    read_urls (driver) -> plan shards + manifest -> for each uncommitted shard, one Ray Data pipeline:
+    plan (driver, streaming: url_source -> validate -> dedupe -> _input/ shards) + manifest ->
+    for the uncommitted shards, one Ray Data pipeline:
     from_items(shards) -> flat_map(download_rows) -> map_batches(decode_batch) ->
     map_batches(EncodeBatch, ActorPoolStrategy) -> map_batches(write_parts) -> driver commits shards
 
-Resuming is per shard: a shard whose `stats/<id>.json` exists is skipped, any other shard is
-redone from its (re-used when complete) download, its stale parts removed first.
+Resuming is per shard: a shard whose `stats/<id>.json` exists (one listing of `stats/`) is
+skipped, any other shard is redone from its (re-used when complete) download, its stale parts
+removed first.
 """
 from __future__ import annotations
 
@@ -19,14 +21,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
-import pyarrow.parquet as pq
-
 from pipeline import storage
 from pipeline.decode import decode_batch
 from pipeline.download import DownloadConfig, download_rows
 from pipeline.encode import EncodeBatch, EncoderSpec, describe_model, resolve_backbone
-from pipeline.manifest import JobManifest, load_manifest, save_manifest
-from pipeline.read_urls import plan_shards, read_url_list
+from pipeline.manifest import committed_shards, save_run
+from pipeline.plan import input_file
+from pipeline.resume import plan_job
 from pipeline.summary import build_summary
 from pipeline.write import commit_shard, parts_dir, stats_path, write_parts
 from schemas.encode_job import EncodeJobConfig
@@ -45,11 +46,11 @@ def run_encode_job(cfg: EncodeJobConfig) -> Dict:
     """Run (or resume) the encode job; writes and returns summary.json's content."""
     env = storage.configure_s3_endpoint(cfg.s3_endpoint)
     output = storage.absolute(cfg.output)
-    with _input_list(cfg, output) as (input_url, world_port), RayConnection(cfg) as ray_conn:
-        return _run(cfg, output, input_url, world_port, env, ray_conn)
+    with _input_list(cfg, output) as (input_spec, world_port), RayConnection(cfg) as ray_conn:
+        return _run(cfg, output, input_spec, world_port, env, ray_conn)
 
 
-def _run(cfg: EncodeJobConfig, output: str, input_url: str, world_port: Optional[int], env: Dict,
+def _run(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int], env: Dict,
          ray_conn: "RayConnection") -> Dict:
     import ray
 
@@ -58,43 +59,30 @@ def _run(cfg: EncodeJobConfig, output: str, input_url: str, world_port: Optional
     spec = EncoderSpec(backbone, storage.absolute(cfg.adapter) if cfg.adapter else None, cfg.quant,
                        cfg.group_size, cfg.torch_threads)
     info = describe_model(spec)
-    urls = read_url_list(input_url, cfg.input_format, cfg.url_col, cfg.caption_col)
-    shards = plan_shards(urls.rows, cfg.shard_size)
-    plan = JobManifest(
-        input=input_url if world_port is None else "sampleworld", kind=info.meta.kind,
-        table_metadata=dataclasses.asdict(info.meta), shard_size=cfg.shard_size, rows_in=urls.rows_in,
-        read_failed=urls.failed, read_examples=urls.examples,
-        shards=[{"shard": s.shard_id, "rows": s.rows.num_rows, "digest": s.digest} for s in shards],
-        encoder={"backbone": dataclasses.asdict(backbone), "adapter": spec.adapter}, world_port=world_port,
-    )
-    manifest = load_manifest(output)
-    if manifest is None:
-        manifest = plan
-    else:
-        manifest.check_same_job(plan)
-    for s in shards:  # the input shards live on the output filesystem, where every worker can read them
-        path = _input_path(output, s.shard_id)
-        if not storage.exists(path):
-            storage.atomic_write(path, lambda tmp, rows=s.rows: _write_parquet(rows, tmp))
-    save_manifest(output, manifest)
-
-    pending = [s for s in shards if not storage.exists(stats_path(output, s.shard_id))]
-    print(f"[encode] {urls.rows_in} url-list rows, {urls.rows.num_rows} kept, {len(shards)} shards, "
-          f"{len(shards) - len(pending)} already committed, {len(pending)} to do", flush=True)
+    encoder = {"backbone": dataclasses.asdict(backbone), "adapter": spec.adapter}
+    manifest, shards = plan_job(cfg, output, input_spec, world_port, dataclasses.asdict(info.meta), encoder)
+    t_plan = time.time() - t0
+    committed_before = committed_shards(output)
+    rows = shards.column("rows").to_pylist()
+    pending = [s for s in range(manifest.num_shards) if s not in committed_before]
+    print(f"[encode] {manifest.rows_in} url-list rows, {manifest.rows_kept} kept, {manifest.num_shards} shards, "
+          f"{manifest.num_shards - len(pending)} already committed, {len(pending)} to do", flush=True)
     committed, errors, flow = {}, [], {}
     if pending:
         ray_conn.connect()
     t_pipeline = time.time()  # after connecting: images/s measures the pipeline, not Ray's start-up
     if pending:
-        committed, errors, flow = _encode_shards(cfg, output, spec, info, pending, env)
+        items = [{"shard": s, "input": input_file(output, s, manifest.shards_per_file),
+                  "row_group": s % manifest.shards_per_file, "rows": rows[s]} for s in pending]
+        committed, errors, flow = _encode_shards(cfg, output, spec, info, items, env)
     seconds = time.time() - t_pipeline
     run = {"started_at": t0, "seconds": round(seconds, 3), "total_seconds": round(time.time() - t0, 3),
-           "shards_committed": sorted(committed), "images_encoded": sum(s["images_ok"] for s in committed.values()),
+           "plan_seconds": round(t_plan, 3), "shards_committed": sorted(committed),
+           "images_encoded": sum(s["images_ok"] for s in committed.values()),
            "rows_processed": sum(s["rows_in"] for s in committed.values()), "errors": errors, **flow,
            "ray_nodes": len([n for n in ray.nodes() if n["Alive"]]) if ray.is_initialized() else 0}
-    manifest.runs.append({k: run[k] for k in ("started_at", "seconds", "shards_committed", "errors")})
-    save_manifest(output, manifest)
-    summary = build_summary(output, manifest, run)
+    save_run(output, {k: run[k] for k in ("started_at", "seconds", "plan_seconds", "shards_committed", "errors")})
+    summary = build_summary(output, manifest, run, committed_before | set(committed))
     storage.write_json(storage.join(output, "summary.json"), summary)
     _print_summary(summary)
     if not summary["complete"]:
@@ -103,20 +91,18 @@ def _run(cfg: EncodeJobConfig, output: str, input_url: str, world_port: Optional
     return summary
 
 
-def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, pending, env: Dict):
+def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, items, env: Dict):
     """One Ray Data pipeline over the pending shards; commits each shard as soon as it is complete."""
     import ray
 
     renv = {"runtime_env": {"env_vars": env}} if env else {}
-    for s in pending:  # parts of an interrupted run are never mixed with this run's
-        storage.remove(parts_dir(output, s.shard_id), recursive=True)
+    _remove_stale_parts(output, {it["shard"] for it in items})
     dl = DownloadConfig(downloads=storage.join(output, "_downloads"), image_size=info.image_size,
                         resize_mode=info.resize_mode, threads=cfg.download_threads, timeout=cfg.timeout,
                         retries=cfg.retries, max_pixels=cfg.max_image_pixels)
     gpus = cfg.gpus_per_worker
     if gpus is None:
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    items = [{"shard": s.shard_id, "input": _input_path(output, s.shard_id)} for s in pending]
     ds = (
         ray.data.from_items(items, override_num_blocks=len(items))
         .flat_map(download_rows, fn_kwargs={"cfg": dl}, num_cpus=DOWNLOAD_DECODE_CPUS, **renv)
@@ -129,7 +115,7 @@ def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, p
         .map_batches(write_parts, fn_kwargs={"output": output}, batch_format="pyarrow", batch_size=None,
                      num_cpus=WRITER_CPUS, **renv)
     )
-    expected = {s.shard_id: s.rows.num_rows for s in pending}
+    expected = {it["shard"]: it["rows"] for it in items}
     commit = ray.remote(num_cpus=0, max_retries=3)(commit_shard)
     meta_json = _meta_json(info.meta)
     parts, counts, futures = defaultdict(list), Counter(), {}
@@ -166,14 +152,18 @@ def _meta_json(meta) -> str:
     return meta.to_bytes().decode()
 
 
-def _input_path(output: str, shard_id: int) -> str:
-    return storage.join(output, "_input", f"{shard_id:05d}.parquet")
-
-
-def _write_parquet(table, url: str) -> None:
-    fs, path = storage.url_to_fs(url)
-    with fs.open(path, "wb") as f:
-        pq.write_table(table, f)
+def _remove_stale_parts(output: str, pending) -> None:
+    """Parts of an interrupted run are never mixed with this run's: one listing, then removals."""
+    fs, path = storage.url_to_fs(storage.join(output, "_parts"))
+    fs.invalidate_cache()
+    try:
+        found = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return
+    for p in found:
+        stem = p.rstrip("/").rsplit("/", 1)[-1]
+        if stem.isdigit() and int(stem) in pending:
+            fs.rm(p, recursive=True)
 
 
 class RayConnection:
@@ -210,7 +200,8 @@ class RayConnection:
 def _input_list(cfg: EncodeJobConfig, output: str) -> Iterator[Tuple[str, Optional[int]]]:
     """The url list to encode: --input, or the embedded sample world served on loopback."""
     if cfg.input:
-        yield storage.absolute(cfg.input), None
+        entries = [cfg.input] if isinstance(cfg.input, str) else list(cfg.input)
+        yield tuple(storage.absolute(e) for e in entries), None
         return
     from sampleworld.server import serve_directory
     from sampleworld.world import WorldConfig, generate, write_url_list
@@ -227,7 +218,7 @@ def _input_list(cfg: EncodeJobConfig, output: str) -> Iterator[Tuple[str, Option
         base = server.base_url
         url_list = write_url_list(world_dir, base, Path(tmp) / "urls.tsv")
         print(f"[encode] serving the sample world at {base}", flush=True)
-        yield str(url_list), int(base.rstrip("/").rsplit(":", 1)[1])
+        yield (str(url_list),), int(base.rstrip("/").rsplit(":", 1)[1])
 
 
 def default_world_dir(images: int) -> str:

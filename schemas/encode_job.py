@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 from schemas.config import BackboneConfig, CodecConfig
 
@@ -12,10 +12,12 @@ class EncodeJobConfig:
     """Everything one run of the encode job needs; `None` input means the embedded sample world."""
 
     output: str
-    input: Optional[str] = None
+    # files, folders or globs on any fsspec path; a string is one entry
+    input: Optional[Union[str, Tuple[str, ...]]] = None
     input_format: str = "auto"  # auto | tsv | csv | parquet
     url_col: str = "url"
     caption_col: str = "caption"
+    id_col: str = "image_id"
     backbone: Optional[str] = None  # None: the adapter checkpoint's backbone, else edje-tiny-clip
     pretrained: Optional[str] = None
     feature_layer: Optional[str] = None  # None: the adapter checkpoint's, else "final"
@@ -28,6 +30,8 @@ class EncodeJobConfig:
     cpus_per_worker: float = 1.0
     torch_threads: int = 0  # 0: the encoder actor's CPU count
     shard_size: int = 1000  # url-list rows per input shard (= per output table)
+    shards_per_file: int = 64  # input shards per `_input/` Parquet file (one row group each)
+    scratch: Optional[str] = None  # local folder for planning's spill files (default: system temp)
     download_threads: int = 32
     timeout: float = 10.0
     retries: int = 1
@@ -39,9 +43,13 @@ class EncodeJobConfig:
     world_images: int = 512  # size of the default sample world
 
     def __post_init__(self) -> None:
+        if self.input is not None and not isinstance(self.input, str):
+            object.__setattr__(self, "input", tuple(self.input))  # hashable, frozen
+            if not self.input:
+                raise ValueError("input names no file")
         CodecConfig(self.quant, self.group_size)  # validates quantization / group size
-        if self.batch_size < 1 or self.concurrency < 1 or self.shard_size < 1:
-            raise ValueError("batch_size, concurrency and shard_size must be >= 1")
+        if min(self.batch_size, self.concurrency, self.shard_size, self.shards_per_file) < 1:
+            raise ValueError("batch_size, concurrency, shard_size and shards_per_file must be >= 1")
         if self.input_format not in ("auto", "tsv", "csv", "parquet"):
             raise ValueError(f"input_format must be auto, tsv, csv or parquet, got {self.input_format!r}")
 

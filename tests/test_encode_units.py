@@ -12,7 +12,17 @@ from PIL import Image
 
 from pipeline import reasons
 from pipeline.decode import ImageRejected, PilResizer, decode_image, open_image, to_rgb
-from pipeline.read_urls import plan_shards, read_url_list, url_image_id
+from pipeline.plan import PlanConfig, plan_input, url_image_id, with_image_ids
+from pipeline.url_source import ReadOptions, expand_inputs
+
+
+def plan_rows(inputs, shard_size: int = 1000, **read):
+    """Plan a url list without writing shards; returns (plan, kept rows with image ids, shards)."""
+    shards = []
+    plan = plan_input(expand_inputs(inputs), ReadOptions(**read), PlanConfig(shard_size=shard_size), None,
+                      on_shard=lambda sid, rows: shards.append(with_image_ids(rows)))
+    rows = pa.concat_tables(shards) if shards else None
+    return plan, rows, shards
 
 
 def _bytes(im: Image.Image, fmt: str, **kw) -> bytes:
@@ -161,9 +171,9 @@ def test_url_list_validation_tsv(tmp_path):
     ]
     path = tmp_path / "urls.tsv"
     path.write_bytes(b"\n".join(lines))
-    got = read_url_list(str(path))
-    assert got.rows.column("image_id").to_pylist() == ["id1", "id9"]
-    assert got.rows.column("caption").to_pylist() == ["a red cube", 'a "quoted" caption']
+    got, rows, _ = plan_rows(str(path))
+    assert rows.column("image_id").to_pylist() == ["id1", "id9"]
+    assert rows.column("caption").to_pylist() == ["a red cube", 'a "quoted" caption']
     assert got.rows_in == 9
     assert got.failed == {reasons.EMPTY_CAPTION: 2, reasons.CAPTION_NOT_UTF8: 1, reasons.DUPLICATE_URL: 1,
                           reasons.MALFORMED_ROW: 2, reasons.DUPLICATE_IMAGE_ID: 1}
@@ -173,24 +183,25 @@ def test_url_list_validation_tsv(tmp_path):
 def test_url_list_without_header_or_ids_and_parquet(tmp_path):
     tsv = tmp_path / "cc12m.tsv"
     tsv.write_text("http://h/a.jpg\tfirst\nhttp://h/b.jpg\tsecond\n")
-    got = read_url_list(str(tsv))
-    assert got.rows.column("image_id").to_pylist() == [url_image_id("http://h/a.jpg"), url_image_id("http://h/b.jpg")]
+    _, rows, _ = plan_rows(str(tsv))
+    assert rows.column("image_id").to_pylist() == [url_image_id("http://h/a.jpg"), url_image_id("http://h/b.jpg")]
     assert url_image_id("http://h/a.jpg") == url_image_id("http://h/a.jpg") != url_image_id("http://h/b.jpg")
     pq_path = tmp_path / "urls.parquet"
     pq.write_table(pa.table({"url": ["http://h/a.jpg", "http://h/a.jpg", None],
                              "caption": ["x", "y", "z"], "image_id": ["a", "b", "c"]}), pq_path)
-    got = read_url_list(str(pq_path))
-    assert got.rows.column("image_id").to_pylist() == ["a"]
+    got, rows, _ = plan_rows(str(pq_path))
+    assert rows.column("image_id").to_pylist() == ["a"]
     assert got.failed == {reasons.DUPLICATE_URL: 1, reasons.MALFORMED_ROW: 1}
 
 
-def test_plan_shards_is_deterministic():
-    rows = pa.table({"image_id": [f"i{k}" for k in range(7)], "url": [f"http://h/{k}" for k in range(7)],
-                     "caption": ["c"] * 7})
-    a, b = plan_shards(rows, 3), plan_shards(rows, 3)
-    assert [s.rows.num_rows for s in a] == [3, 3, 1]
-    assert [s.digest for s in a] == [s.digest for s in b]
-    assert len({s.digest for s in a}) == 3
+def test_plan_shards_is_deterministic(tmp_path):
+    path = tmp_path / "urls.parquet"
+    pq.write_table(pa.table({"image_id": [f"i{k}" for k in range(7)], "url": [f"http://h/{k}" for k in range(7)],
+                             "caption": ["c"] * 7}), path)
+    (a, _, sa), (b, _, _) = plan_rows(str(path), 3), plan_rows(str(path), 3)
+    assert [s.num_rows for s in sa] == [3, 3, 1] and a.shards.column("rows").to_pylist() == [3, 3, 1]
+    assert a.shards.equals(b.shards) and a.digest == b.digest
+    assert len(set(a.shards.column("digest").to_pylist())) == 3
 
 
 def test_commit_keeps_each_row_once_and_refuses_gaps(tmp_path):

@@ -1,0 +1,182 @@
+"""Scale of the encode job's driver: read -> validate -> dedupe -> plan -> manifest, encode off.
+
+    python benchmarks/bench_scale.py --sizes 1M 12M 50M --workdir /tmp/edje-scale
+    python benchmarks/bench_scale.py --resume-only --sizes 12M --workdir /tmp/edje-scale
+
+For each size it writes a synthetic LAION-style url list (Parquet parts of --part-rows rows,
+columns URL and TEXT, written in chunks; 0.1% repeated urls across parts, 0.05% empty captions),
+then runs pipeline.resume.plan_job, the exact code a job runs before it needs Ray, in a fresh
+subprocess, and prints rows/s and peak driver RSS (ru_maxrss of that process). It then marks
+0%, 50% and 99% of the shards committed (one small stats record each, as commits write them)
+and times the resume step (manifest + plan + one listing of stats/) in a fresh process, plus
+the cost of one more commit record. Generated files are deleted unless --keep.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+WORDS = np.array("a an the red blue green small large cube sphere cone left of right above below next to "
+                 "photo picture dog cat house tree car street beach mountain city night sunset bird".split())
+META = {"kind": "compressed", "backbone": "ViT-L-16-SigLIP2-384", "quantization": "int8", "num_tokens": 64}
+
+
+def parse_size(s: str) -> int:
+    """'12M' -> 12_000_000."""
+    mult = {"K": 1_000, "M": 1_000_000}.get(s[-1].upper(), 1)
+    return int(float(s[:-1] if s[-1].isalpha() else s) * mult)
+
+
+def generate(folder: Path, rows: int, part_rows: int, chunk: int = 1_000_000) -> float:
+    """Write `rows` synthetic (URL, TEXT) rows as Parquet parts, a chunk at a time; returns GB written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(rows)
+    for part, start in enumerate(range(0, rows, part_rows)):
+        n_part = min(part_rows, rows - start)
+        with pq.ParquetWriter(folder / f"part-{part:05d}.parquet", pa.schema([("URL", pa.string()),
+                                                                             ("TEXT", pa.string())])) as w:
+            for s in range(start, start + n_part, chunk):
+                n = min(chunk, start + n_part - s)
+                idx = np.arange(s, s + n)
+                src = idx.copy()
+                dup = rng.random(n) < 0.001  # a url seen earlier, often in an earlier part
+                src[dup] = rng.integers(0, np.maximum(idx[dup], 1))
+                host = pc.cast(pa.array(src % 9973), pa.string())
+                key = pc.cast(pa.array((src * 2654435761) % 4294967291), pa.string())
+                url = pc.binary_join_element_wise("https://img", host, ".example-cdn.com/photos/",
+                                                  pc.cast(pa.array(src), pa.string()), "/", key, ".jpg", "")
+                words = [pa.array(WORDS[rng.integers(0, len(WORDS), n)]) for _ in range(8)]
+                text = pc.binary_join_element_wise(*words, " ")
+                empty = pa.array(rng.random(n) < 0.0005)
+                text = pc.if_else(empty, pa.scalar("  ", pa.string()), text)
+                w.write_table(pa.table({"URL": url, "TEXT": text}), row_group_size=256_000)
+    return sum(f.stat().st_size for f in folder.iterdir()) / 1e9
+
+
+def child_plan(input_dir: str, output: str, shard_size: int, scratch: str) -> dict:
+    """In a fresh process: plan_job on the list (encode off); rows/s and peak RSS."""
+    from pipeline.resume import plan_job
+    from schemas.encode_job import EncodeJobConfig
+
+    cfg = EncodeJobConfig(output=output, input=input_dir, url_col="URL", caption_col="TEXT", shard_size=shard_size,
+                          scratch=scratch)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.time()
+    manifest, shards = plan_job(cfg, output, input_dir, None, META, {})
+    seconds = time.time() - t0
+    return {"rows": manifest.rows_in, "kept": manifest.rows_kept, "shards": manifest.num_shards,
+            "failed": manifest.read_failed, "seconds": round(seconds, 2),
+            "rows_per_s": round(manifest.rows_in / seconds), "rss_start_mb": round(rss0),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def child_resume(input_dir: str, output: str, shard_size: int) -> dict:
+    """In a fresh process: the resume step (reuse the plan, list committed shards) and one commit record."""
+    from pipeline import storage
+    from pipeline.manifest import committed_shards
+    from pipeline.resume import plan_job
+    from schemas.encode_job import EncodeJobConfig
+
+    cfg = EncodeJobConfig(output=output, input=input_dir, url_col="URL", caption_col="TEXT", shard_size=shard_size)
+    t0 = time.time()
+    manifest, shards = plan_job(cfg, output, input_dir, None, META, {})
+    done = committed_shards(output)
+    pending = [s for s in range(manifest.num_shards) if s not in done]
+    resume_s = time.time() - t0
+    t1 = time.time()
+    record = storage.join(output, "stats", f"{10**9 - 1}.json")  # pipeline.write.stats_path's layout
+    storage.write_json(record, {"shard": -1})  # one more commit record
+    commit_s = time.time() - t1
+    storage.remove(record)
+    return {"committed": len(done), "pending": len(pending), "resume_s": round(resume_s, 3),
+            "commit_record_ms": round(commit_s * 1000, 2),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def mark_committed(output: str, shard_ids) -> None:
+    """Write the stats record of each shard, as commit_shard would (small JSON, written once)."""
+    stats = Path(output) / "stats"
+    stats.mkdir(exist_ok=True)
+    for s in shard_ids:
+        (stats / f"{s:05d}.json").write_text(json.dumps({"shard": int(s), "images_ok": 0}))
+
+
+def run_child(args: list) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["1M", "12M", "50M"])
+    p.add_argument("--workdir", default="/tmp/edje-scale")
+    p.add_argument("--part-rows", type=int, default=2_000_000, help="rows per Parquet part (LAION: ~1.2M)")
+    p.add_argument("--shard-size", type=int, default=1000)
+    p.add_argument("--keep", action="store_true", help="keep the generated lists and outputs")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--child-resume", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child_plan(args.child[0], args.child[1], int(args.child[2]), args.child[3])))
+        return
+    if args.child_resume:
+        print(json.dumps(child_resume(args.child_resume[0], args.child_resume[1], int(args.child_resume[2]))))
+        return
+
+    work = Path(args.workdir)
+    results = []
+    for size in args.sizes:
+        n = parse_size(size)
+        lst, out, scratch = work / f"list-{size}", work / f"out-{size}", work / f"scratch-{size}"
+        for d in (out, scratch):
+            shutil.rmtree(d, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        t = time.time()
+        gb = generate(lst, n, args.part_rows) if not (lst / "part-00000.parquet").exists() else \
+            sum(f.stat().st_size for f in lst.iterdir()) / 1e9
+        print(f"[{size}] list: {gb:.2f} GB of Parquet in {time.time() - t:.0f} s", flush=True)
+        r = run_child(["--child", str(lst), str(out), str(args.shard_size), str(scratch)])
+        r.update(size=size, list_gb=round(gb, 2), load_avg=os.getloadavg()[0])
+        print(f"[{size}] plan: {json.dumps(r)}", flush=True)
+        resumes = {}
+        for frac in (0.0, 0.5, 0.99):
+            want = int(r["shards"] * frac)
+            have = len(list((out / "stats").glob("*.json"))) if (out / "stats").exists() else 0
+            mark_committed(str(out), range(have, want))
+            resumes[f"{int(frac * 100)}%"] = run_child(["--child-resume", str(lst), str(out), str(args.shard_size)])
+            print(f"[{size}] resume at {int(frac * 100)}% committed: {json.dumps(resumes[f'{int(frac * 100)}%'])}",
+                  flush=True)
+        r["resume"] = resumes
+        results.append(r)
+        if not args.keep:
+            for d in (lst, out, scratch):
+                shutil.rmtree(d, ignore_errors=True)
+    base = results[0]
+    print("\nsize  rows        rows/s      peak RSS MB  RSS vs first  resume 0/50/99% (s)")
+    for r in results:
+        res = "/".join(f"{r['resume'][k]['resume_s']:.2f}" for k in ("0%", "50%", "99%"))
+        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>11,} {r['peak_rss_mb']:>12} "
+              f"{r['peak_rss_mb'] / base['peak_rss_mb']:>12.2f}x  {res}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Plan the input shards of an encode job from a url list of any size, in bounded memory.
+
+Two streaming passes, neither holding the list:
+  1. read -> validate -> spill the kept rows (local Arrow IPC, in input order) and hand them to
+     the duplicate finder (pipeline.dedupe); then find the duplicates, bucket by bucket.
+  2. re-read the spill -> drop the duplicates -> cut consecutive runs of `shard_size` kept rows
+     into shards -> write them to `<output>/_input/` (Parquet, one row group per shard,
+     `shards_per_file` shards per file, so 10,000s of shards are 100s of objects).
+A shard's digest hashes its rows' bytes; the plan digest hashes every shard's (rows, digest).
+The same input always gives the same shards, digests and image ids: the basis of resuming.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import storage
+from pipeline.dedupe import IPC_OPTIONS, DuplicateFinder, drop_rows, iter_spill
+from pipeline.reasons import MALFORMED_ROW
+from pipeline.url_source import InputFile, Malformed, ReadOptions, estimate_rows, iter_batches
+from pipeline.validate import Drops, split_counts, validate_batch
+
+SHARD_COLUMNS = ("image_id", "url", "caption")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How shards are cut and where planning may spill."""
+
+    shard_size: int = 1000
+    shards_per_file: int = 64  # shards per `_input/` Parquet file (one row group each)
+    bucket_rows: int = 400_000  # rows per duplicate-finder bucket: bounds planning memory
+    scratch: Optional[str] = None  # local folder for spill files (default: the system temp dir)
+
+
+@dataclass
+class Plan:
+    """The outcome of planning: counts, drops, and one record per shard (no rows)."""
+
+    rows_in: int
+    rows_kept: int
+    failed: Dict[str, int]
+    examples: Dict[str, List[str]]
+    shards: pa.Table  # shard (int64), rows (int64), digest (string)
+    digest: str
+    has_ids: bool
+    timings: Dict[str, float] = field(default_factory=dict)
+
+
+def input_file(output: str, shard_id: int, shards_per_file: int) -> str:
+    """The `_input/` file holding a shard (as row group shard_id % shards_per_file)."""
+    return storage.join(output, "_input", f"{shard_id // shards_per_file:05d}.parquet")
+
+
+def read_shard_input(path: str, row_group: int) -> pa.Table:
+    """One shard's rows (image_id, url, caption), ids derived from urls where the list had none."""
+    fs, p = storage.url_to_fs(path)
+    with fs.open(p, "rb") as f:
+        table = pq.ParquetFile(f).read_row_group(row_group)
+    return with_image_ids(table)
+
+
+def with_image_ids(table: pa.Table) -> pa.Table:
+    """The table with an image_id column: given ids kept, else 'u' + 19 hex digits of the url's sha1."""
+    if "image_id" in table.column_names:
+        return table.select(list(SHARD_COLUMNS))
+    ids = pa.array([url_image_id(u) for u in table.column("url").to_pylist()], pa.string())
+    return table.append_column("image_id", ids).select(list(SHARD_COLUMNS))
+
+
+def url_image_id(url: str) -> str:
+    """Stable image id of a url without one: 'u' + 19 hex digits of its sha1."""
+    return "u" + hashlib.sha1(url.encode("utf-8")).hexdigest()[:19]
+
+
+def plan_input(files: Sequence[InputFile], opts: ReadOptions, cfg: PlanConfig, output: Optional[str],
+               on_shard=None) -> Plan:
+    """Read, validate, deduplicate and shard the input; writes `_input/` under `output` unless it is None."""
+    if cfg.shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {cfg.shard_size}")
+    t0 = time.time()
+    drops, malformed = Drops(), Malformed()
+    buckets = max(1, -(-estimate_rows(files, opts) // cfg.bucket_rows))
+    with tempfile.TemporaryDirectory(prefix="edje-plan-", dir=cfg.scratch) as tmp:
+        finder = DuplicateFinder(tmp, buckets)
+        spill_path = os.path.join(tmp, "kept.arrow")
+        rows_in, has_ids, writer, sink = 0, None, None, None
+        for f in files:
+            for batch in iter_batches(f.path, opts, malformed):
+                file_ids = "image_id" in batch.column_names
+                if has_ids is None:
+                    has_ids = file_ids
+                elif has_ids != file_ids:
+                    raise ValueError(f"{f.path}: some input files have an image id column and others do not")
+                kept = validate_batch(batch, rows_in, drops)
+                rows_in += batch.num_rows
+                if writer is None:
+                    sink = pa.OSFile(spill_path, "wb")
+                    writer = pa.ipc.new_file(sink, kept.schema, options=IPC_OPTIONS)
+                writer.write_table(kept)
+                finder.add(kept)
+        if writer is not None:
+            writer.close()
+            sink.close()
+        drops.add(MALFORMED_ROW, malformed.count, malformed.examples)
+        t1 = time.time()
+        dups = finder.finish(drops)
+        t2 = time.time()
+        batches = iter_spill(spill_path) if writer is not None else iter([])
+        records = _write_shards((drop_rows(b, dups) for b in batches), cfg, output, on_shard)
+        t3 = time.time()
+    failed, examples = split_counts(drops)
+    digest = hashlib.sha256()
+    for n, d in zip(records["rows"], records["digest"]):
+        digest.update(f"{n}:{d};".encode())
+    shards = pa.table({"shard": pa.array(np.arange(len(records["rows"]), dtype=np.int64)),
+                       "rows": pa.array(records["rows"], pa.int64()), "digest": pa.array(records["digest"], pa.string())})
+    return Plan(rows_in=rows_in + malformed.count, rows_kept=int(sum(records["rows"])), failed=failed,
+                examples=examples, shards=shards, digest=digest.hexdigest()[:16], has_ids=bool(has_ids),
+                timings={"read_validate_s": round(t1 - t0, 3), "dedupe_s": round(t2 - t1, 3),
+                         "shard_write_s": round(t3 - t2, 3)})
+
+
+def _cut(batches: Iterator[pa.Table], size: int) -> Iterator[pa.Table]:
+    """Consecutive runs of exactly `size` rows (the last may be shorter) from a stream of batches."""
+    pending: List[pa.Table] = []
+    have = 0
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        pending.append(b)
+        have += b.num_rows
+        while have >= size:
+            table = pa.concat_tables(pending)
+            yield table.slice(0, size)
+            rest = table.slice(size)
+            pending, have = ([rest] if rest.num_rows else []), rest.num_rows
+    if have:
+        yield pa.concat_tables(pending)
+
+
+def _write_shards(batches: Iterator[pa.Table], cfg: PlanConfig, output: Optional[str], on_shard) -> Dict[str, list]:
+    """Cut shards, digest them and (with an output) write them as row groups of `_input/` files."""
+    records: Dict[str, list] = {"rows": [], "digest": []}
+    writer, handle = None, None
+    try:
+        for sid, shard in enumerate(_cut(batches, cfg.shard_size)):
+            shard = shard.select([c for c in SHARD_COLUMNS if c in shard.column_names]).combine_chunks()
+            records["rows"].append(shard.num_rows)
+            records["digest"].append(shard_digest(shard))
+            if on_shard is not None:
+                on_shard(sid, shard)
+            if output is None:
+                continue
+            if sid % cfg.shards_per_file == 0:
+                if writer is not None:
+                    writer.close()
+                    handle.close()
+                fs, path = storage.url_to_fs(input_file(output, sid, cfg.shards_per_file))
+                fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                handle = fs.open(path, "wb")
+                # urls are unique: dictionary pages only cost time; zstd level 1 is fast and still small
+                writer = pq.ParquetWriter(handle, shard.schema, compression="zstd", compression_level=1,
+                                          use_dictionary=False)
+            writer.write_table(shard, row_group_size=shard.num_rows)
+    finally:
+        if writer is not None:
+            writer.close()
+            handle.close()
+    return records
+
+
+def shard_digest(shard: pa.Table) -> str:
+    """sha256 (16 hex digits) of a shard's strings: each column's value bytes and their offsets."""
+    h = hashlib.sha256()
+    for name in SHARD_COLUMNS:
+        if name not in shard.column_names:
+            continue
+        arr = shard.column(name).combine_chunks()
+        offsets = np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, arr.offset * 4 if arr.offset else 0)
+        data = arr.buffers()[2]
+        h.update(name.encode())
+        h.update((offsets - offsets[0]).astype("<i8").tobytes())
+        h.update(memoryview(data)[offsets[0]:offsets[-1]] if data is not None else b"")
+    return h.hexdigest()[:16]
