@@ -31,15 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="encode_cc12m.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
-    io.add_argument("--input", help="url list: TSV/CSV (optionally compressed) or Parquet with url and caption "
-                    "columns (and optionally image_id), on any fsspec path (local, s3://, http(s)://). "
-                    "Omitted: generate the embedded sample world and serve it on loopback")
+    io.add_argument("--input", nargs="+", help="url list(s): one or more files, folders or globs on any fsspec "
+                    "path (local, s3://, http(s)://), each TSV/CSV (optionally compressed) or Parquet with url and "
+                    "caption columns (and optionally an image id column). Omitted: generate the embedded sample "
+                    "world and serve it on loopback")
     io.add_argument("--output", required=True, help="output folder on any fsspec path (local, s3://): "
                     "tables/, stats/, manifest.json, summary.json")
     io.add_argument("--input-format", default=d.input_format, choices=["auto", "tsv", "csv", "parquet"],
                     help="format of --input (default: from the file name)")
     io.add_argument("--url-col", default=d.url_col, help="url column name (default %(default)s)")
-    io.add_argument("--caption-col", default=d.caption_col, help="caption column name (default %(default)s)")
+    io.add_argument("--caption-col", default=d.caption_col, help="caption column name (default %(default)s; "
+                    "LAION parquet parts: --url-col URL --caption-col TEXT)")
+    io.add_argument("--id-col", default=d.id_col, help="image id column name; a list without one gets ids "
+                    "from a hash of the url (default %(default)s)")
     io.add_argument("--s3-endpoint", help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, moto); "
                     "credentials come from the usual AWS_* environment variables")
     m = p.add_argument_group("model")
