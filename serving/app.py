@@ -1,6 +1,6 @@
 """Builds the Serve application graph from a ServeConfig (also the `import_path` of serve_config.yaml).
 
-Graph: Ingress -> {TokenStoreServer, Reranker(-> TokenStoreServer), FirstStage, Miner(-> Reranker)}.
+Graph: Ingress -> {Reranker (holds the token store), FirstStage, Miner(-> Reranker)}.
 Without a checkpoint only the miner (embedding similarity) is served: what pretraining asks for
 before any EDJE checkpoint exists.
 """
@@ -15,16 +15,28 @@ from serving.first_stage import FirstStage
 from serving.ingress import Ingress
 from serving.miner import Miner
 from serving.reranker import Reranker
-from serving.token_store import TokenStoreServer
+
+
+def check_tables(config: ServeConfig) -> None:
+    """Refuse, before deploying anything, token tables that the checkpoint cannot read (TableMismatchError)."""
+    if config.checkpoint is None:
+        return
+    from model.edje import read_checkpoint_config
+    from schemas.token_table import read_metadata
+    from serving.token_store import expected_from_checkpoint
+
+    want = expected_from_checkpoint(read_checkpoint_config(config.checkpoint))
+    for path in config.token_tables:  # metadata only: no token bytes are read here
+        read_metadata(path).check(path, **want)
 
 
 def build(config: ServeConfig) -> Application:
-    """The bound application for a ServeConfig (pass it to serve.run)."""
+    """The bound application for a ServeConfig (pass it to serve.run); mismatched tables raise here."""
+    check_tables(config)
     threads = config.torch_threads or 1
-    store = reranker = first_stage = miner = None
+    reranker = first_stage = miner = None
     if config.checkpoint is not None:
-        store = TokenStoreServer.options(**config.token_store.options()).bind(list(config.token_tables), config.checkpoint)
-        reranker = Reranker.options(**config.reranker.options()).bind(config, store)
+        reranker = Reranker.options(**config.reranker.options()).bind(config)
         first_stage = FirstStage.options(**config.first_stage.options()).bind(
             list(config.token_tables), config.index_factory, config.backbone_pretrained, threads)
     if config.caption_sources:
@@ -32,7 +44,7 @@ def build(config: ServeConfig) -> Application:
             list(config.image_tables), list(config.caption_sources), config.index_factory, config.backbone_pretrained,
             reranker, threads)
     return Ingress.options(**config.ingress.options()).bind(
-        config, config.resolved_auth_token(), store, reranker, first_stage, miner)
+        config, config.resolved_auth_token(), reranker, first_stage, miner)
 
 
 def build_app(args: Dict[str, Any]) -> Application:

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Tuple
 
+from schemas.api import ApiLimits
+
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
@@ -17,8 +19,16 @@ class DeploymentResources:
     num_cpus: float = 0.0
     num_gpus: float = 0.0
     max_ongoing_requests: int = 64
+    # Serve's replica health check. Generous on purpose: a replica whose CPU is taken by training or
+    # encoding beside it answers late, and being replaced then only adds a model load to the load.
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 120.0
+    # A constructor that fails (bad path, mismatched table) fails the same way again: give up soon, say why.
+    max_constructor_retry_count: int = 3
 
     def __post_init__(self) -> None:
+        if self.health_check_period_s <= 0 or self.health_check_timeout_s <= 0:
+            raise ValueError("health_check_period_s and health_check_timeout_s must be > 0")
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
         if self.num_cpus < 0 or self.num_gpus < 0:
@@ -27,6 +37,8 @@ class DeploymentResources:
     def options(self) -> dict:
         """Keyword arguments for `Deployment.options`."""
         return dict(num_replicas=self.num_replicas, max_ongoing_requests=self.max_ongoing_requests,
+                    health_check_period_s=self.health_check_period_s, health_check_timeout_s=self.health_check_timeout_s,
+                    max_constructor_retry_count=self.max_constructor_retry_count,
                     ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus})
 
 
@@ -59,7 +71,6 @@ class ServeConfig:
     auth_token_env: Optional[str] = "EDJE_API_TOKEN"
     # max_ongoing_requests >= max_batch_pairs, so that small requests can fill a batch at one replica.
     reranker: DeploymentResources = DeploymentResources(num_cpus=1.0, max_ongoing_requests=256)
-    token_store: DeploymentResources = DeploymentResources()
     first_stage: DeploymentResources = DeploymentResources()
     miner: DeploymentResources = DeploymentResources()
     ingress: DeploymentResources = DeploymentResources(max_ongoing_requests=256)
@@ -93,9 +104,14 @@ class ServeConfig:
             return os.environ.get(self.auth_token_env) or None
         return None
 
+    def api_limits(self) -> ApiLimits:
+        """The request limits: the ingress validates with them and its OpenAPI schema states them."""
+        return ApiLimits(max_documents=self.max_documents, max_text_chars=self.max_text_chars, max_pairs=self.max_pairs,
+                         max_top_k=self.max_top_k, can_rescore=self.checkpoint is not None)
+
     def limits(self) -> dict:
         """The request limits, as reported by GET /v1/info."""
-        return {k: getattr(self, k) for k in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs")}
+        return {**dataclasses.asdict(self.api_limits()), "max_batch_pairs": self.max_batch_pairs}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServeConfig":
@@ -106,7 +122,7 @@ class ServeConfig:
             raise ValueError(f"ServeConfig: unknown fields {sorted(unknown)}")
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
-            if key in ("reranker", "token_store", "first_stage", "miner", "ingress") and isinstance(value, dict):
+            if key in ("reranker", "first_stage", "miner", "ingress") and isinstance(value, dict):
                 value = DeploymentResources(**value)
             elif key in ("token_tables", "miner_image_tables", "caption_sources") and value is not None:
                 value = (value,) if isinstance(value, str) else tuple(value)

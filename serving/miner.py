@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import fsspec
 import numpy as np
@@ -31,6 +32,8 @@ from schemas.token_table import TableMetadata, read_metadata, read_token_tables,
 from serving.first_stage import EmbeddingIndex, embed_texts, load_backbone, read_image_embeddings
 
 log = logging.getLogger("ray.serve")
+
+SERVED_LOG = 1000  # answered requests kept by Miner.recent()
 
 
 @dataclass
@@ -183,15 +186,32 @@ class Miner:
         self.summary = dict(images=len(ids), captions=len(corpus.captions), image_tables=list(image_tables),
                             caption_sources=list(caption_sources), backbone=meta.backbone, embed_dim=meta.embed_dim,
                             can_rescore=reranker is not None)
+        # What was answered, for operators and tests: which client asked for which pairs, what it got.
+        self.served: Deque[dict] = deque(maxlen=SERVED_LOG)
+        self.requests = 0
         log.info("miner: %d images, %d captions", len(ids), len(corpus.captions))
 
     def info(self) -> dict:
-        """Corpus sizes and sources."""
-        return self.summary
+        """Corpus sizes and sources, requests answered."""
+        return {**self.summary, "requests": self.requests}
+
+    def recent(self) -> List[dict]:
+        """The last answered requests: client, anchor image ids and captions, negative image ids and captions."""
+        return list(self.served)
 
     async def negatives(self, image_ids: List[str], captions: List[str], k: int, rescore: bool = False,
-                        pool: Optional[int] = None) -> dict:
+                        pool: Optional[int] = None, client: Optional[str] = None) -> dict:
         """{'missing': [...]} for unknown images, else {'negatives': [...]} as in schemas.api.PairNegatives."""
+        out = await self._negatives(image_ids, captions, k, rescore, pool)
+        if "negatives" in out:
+            self.requests += 1
+            self.served.append(dict(client=client, image_ids=list(image_ids), captions=list(captions),
+                                    negative_images=[[n["image_id"] for n in r["negative_images"]] for r in out["negatives"]],
+                                    negative_captions=[[n["caption"] for n in r["negative_captions"]] for r in out["negatives"]]))
+        return out
+
+    async def _negatives(self, image_ids: List[str], captions: List[str], k: int, rescore: bool,
+                         pool: Optional[int]) -> dict:
         missing = self.miner.missing_images(image_ids)
         if missing:
             return {"missing": missing}

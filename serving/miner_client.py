@@ -8,6 +8,8 @@ Connection errors and 5xx answers (a replica being replaced) are retried with ba
 """
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -36,6 +38,8 @@ class MinedNegatives:
 def session(retries: int = 5, backoff_s: float = 0.5) -> requests.Session:
     """A requests session that retries connection errors and 502/503/504 on POST too (mining is idempotent)."""
     s = requests.Session()
+    # Names the asking process: the miner records it (Miner.recent), so one sees which worker asked what.
+    s.headers["User-Agent"] = f"edje-miner-client/{socket.gethostname()}/{os.getpid()}"
     retry = Retry(total=retries, backoff_factor=backoff_s, status_forcelist=(502, 503, 504),
                   allowed_methods=None, raise_on_status=False)
     s.mount("http://", HTTPAdapter(max_retries=retry))

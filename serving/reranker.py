@@ -4,6 +4,11 @@ Only `model.encoder.score(texts, tokens)` scores (the one scoring path of traini
 and serving). Requests are split into chunks of at most `max_batch_pairs` pairs; `@serve.batch`
 coalesces chunks of concurrent requests into one forward pass. The forward runs in a
 one-thread executor so that the replica's event loop keeps collecting the next batch meanwhile.
+
+Each replica holds the token store in its own memory (compressed bytes, `TokenStore`): a request
+costs one Ray hop (ingress -> reranker), not two, and the gather is a numpy take in-process. The
+price is one copy of the corpus per replica (24.7 kB per image at int8: 1M images = 25 GB); a
+corpus larger than a replica's memory needs the store split by id range across replicas.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,7 +25,7 @@ from ray import serve
 
 from schemas.token_table import TableMetadata
 from serving.config import ServeConfig
-from serving.token_store import decode_blobs
+from serving.token_store import TokenStore, decode_blobs
 
 log = logging.getLogger("ray.serve")
 
@@ -43,6 +48,8 @@ class Scores:
     logits: Optional[np.ndarray]
     missing: List[str]
     urls: Optional[List[Optional[str]]] = None
+    replica: str = ""  # the replica that scored them
+    batch_pairs: int = 0  # pairs in the (largest) forward pass that scored them; > 1 when requests were merged
 
 
 def resolve_device(num_gpus: float) -> torch.device:
@@ -83,61 +90,68 @@ class PairScorer:
 
 @serve.deployment
 class Reranker:
-    """Joint-encoder scoring behind `@serve.batch`; gathers encoded tokens from the token store."""
+    """Joint-encoder scoring behind `@serve.batch`, over the token store it holds."""
 
-    async def __init__(self, config: ServeConfig, store):
-        self.config, self.store = config, store
+    def __init__(self, config: ServeConfig):
+        from model.edje import read_checkpoint_config
+
+        self.config = config
         resources = config.reranker
         device = resolve_device(resources.num_gpus)
         if device.type == "cpu":
             torch.set_num_threads(config.torch_threads or max(1, int(resources.num_cpus)))
-        meta = await store.metadata.remote()
-        self.scorer = PairScorer(config.checkpoint, meta, device, config.precision)
+        self.store = TokenStore.load(config.token_tables, read_checkpoint_config(config.checkpoint))
+        self.scorer = PairScorer(config.checkpoint, self.store.meta, device, config.precision)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edje-forward")
         self._batched_forward.set_max_batch_size(config.max_batch_pairs)
         self._batched_forward.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
-        log.info("reranker on %s (%s), batching=%s, max_batch_pairs=%d, threads=%d", device, self.scorer.precision,
+        self.replica = _replica_id()
+        log.info("reranker %s on %s (%s), %d images (%.1f MB), batching=%s, max_batch_pairs=%d, threads=%d",
+                 self.replica, device, self.scorer.precision, len(self.store), self.store.memory_bytes / 1e6,
                  config.dynamic_batching, config.max_batch_pairs, torch.get_num_threads())
 
     async def score_pairs(self, texts: List[str], image_ids: List[str], with_urls: bool = False) -> Scores:
         """ITM logits of (texts[i], image_ids[i]), or the unknown ids; requests of any size."""
         if len(texts) != len(image_ids):
             raise ValueError(f"{len(texts)} texts but {len(image_ids)} image ids")
-        unique = list(dict.fromkeys(image_ids))
-        got = await self.store.gather_blobs.remote(unique, with_urls)
+        got = self.store.gather_blobs(image_ids, with_urls)
         if got.missing:
-            return Scores(None, got.missing)
-        if len(unique) < len(image_ids):  # e.g. one image against many texts: move its bytes once
-            where = {i: r for r, i in enumerate(unique)}
-            take = np.fromiter((where[i] for i in image_ids), dtype=np.int64, count=len(image_ids))
-            blob, scales = got.blob[take], (got.scales[take] if got.scales is not None else None)
-            urls = [got.urls[r] for r in take] if with_urls else None
-        else:
-            blob, scales, urls = got.blob, got.scales, got.urls
+            return Scores(None, got.missing, replica=self.replica)
         step = self.config.max_batch_pairs
-        chunks = [PairChunk(texts[i:i + step], blob[i:i + step], None if scales is None else scales[i:i + step])
+        chunks = [PairChunk(texts[i:i + step], got.blob[i:i + step], None if got.scales is None else got.scales[i:i + step])
                   for i in range(0, len(texts), step)]
         forward = self._batched_forward if self.config.dynamic_batching else self._single_forward
         parts = await asyncio.gather(*(forward(c) for c in chunks))
-        return Scores(np.concatenate(parts), [], urls)
+        return Scores(np.concatenate([p[0] for p in parts]), [], got.urls, self.replica, max(p[1] for p in parts))
 
     @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.005, batch_size_fn=lambda chunks: sum(len(c.texts) for c in chunks))
-    async def _batched_forward(self, chunks: List[PairChunk]) -> List[np.ndarray]:
+    async def _batched_forward(self, chunks: List[PairChunk]) -> List[Tuple[np.ndarray, int]]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.scorer.score_chunks, chunks)
+        logits = await loop.run_in_executor(self.executor, self.scorer.score_chunks, chunks)
+        pairs = sum(len(c.texts) for c in chunks)
+        return [(x, pairs) for x in logits]
 
-    async def _single_forward(self, chunk: PairChunk) -> np.ndarray:
+    async def _single_forward(self, chunk: PairChunk) -> Tuple[np.ndarray, int]:
         loop = asyncio.get_running_loop()
-        return (await loop.run_in_executor(self.executor, self.scorer.score_chunks, [chunk]))[0]
+        return (await loop.run_in_executor(self.executor, self.scorer.score_chunks, [chunk]))[0], len(chunk.texts)
 
     def info(self) -> dict:
-        """Device, precision and batching settings of this replica."""
+        """Device, precision, batching settings and token store of this replica."""
         return dict(device=str(self.scorer.device), precision=self.scorer.precision, pid=os.getpid(),
-                    dynamic_batching=self.config.dynamic_batching, max_batch_pairs=self.config.max_batch_pairs,
-                    torch_threads=torch.get_num_threads())
+                    replica=self.replica, dynamic_batching=self.config.dynamic_batching,
+                    max_batch_pairs=self.config.max_batch_pairs, torch_threads=torch.get_num_threads(),
+                    token_store=self.store.info())
 
     def actor_name(self) -> str:
         """This replica's Ray actor name (namespace 'serve'); tests kill replicas by it."""
         import ray
 
         return ray.get_runtime_context().get_actor_name()
+
+
+def _replica_id() -> str:
+    """Serve's id of this replica (the pid outside Serve)."""
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - not inside a Serve replica (in-process use)
+        return f"pid-{os.getpid()}"

@@ -1,8 +1,8 @@
 """Token store: compressed token tables loaded once into contiguous arrays, gathered by image id.
 
 The store keeps the *encoded* blobs (uint8, plus fp16 scales for int8/int4) so that the corpus
-stays at its stored size in memory and a gather moves compressed bytes between processes; the
-reranker decodes with the table's codec on its own device (`decode_blobs`). Tables that do not
+stays at its stored size in memory; each reranker replica holds one (serving.reranker) and decodes
+what it gathers with the table's codec on its own device (`decode_blobs`). Tables that do not
 match the served checkpoint are refused at start-up with the field named (TableMismatchError).
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import torch
-from ray import serve
 
 from schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, read_token_tables, vector_matrix
 
@@ -157,33 +156,5 @@ def _first_of_each(sorted_ids: pa.Array) -> Optional[np.ndarray]:
     return None if first.all() else np.flatnonzero(first)
 
 
-@serve.deployment
-class TokenStoreServer:
-    """The token store as a Serve deployment: one copy of the corpus, gathered by the reranker and the ingress."""
-
-    def __init__(self, token_tables: Sequence[str], checkpoint: str):
-        from model.edje import read_checkpoint_config
-
-        self.store = TokenStore.load(token_tables, read_checkpoint_config(checkpoint))
-        log.info("token store: %d images, %.1f MB", len(self.store), self.store.memory_bytes / 1e6)
-
-    def gather_blobs(self, image_ids: List[str], with_urls: bool = False) -> TokenBlobs:
-        """Encoded tokens of the ids, or the unknown ids."""
-        return self.store.gather_blobs(image_ids, with_urls)
-
-    def urls(self, image_ids: List[str]) -> List[Optional[str]]:
-        """Source urls of known ids (None where unknown or not recorded)."""
-        rows, _ = self.store.rows(image_ids)
-        return [self.store.urls[r] if r >= 0 else None for r in rows]
-
-    def metadata(self) -> TableMetadata:
-        """The (common) table metadata."""
-        return self.store.meta
-
-    def info(self) -> dict:
-        """Paths, metadata, image count and memory bytes."""
-        return self.store.info()
-
-
-__all__ = ["TokenStore", "TokenStoreServer", "TokenBlobs", "UnknownImageIds", "TableMismatchError",
+__all__ = ["TokenStore", "TokenBlobs", "UnknownImageIds", "TableMismatchError",
            "decode_blobs", "expected_from_checkpoint"]

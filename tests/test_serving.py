@@ -1,7 +1,8 @@
 """The serving application on a fresh local Ray, called over real HTTP on loopback (requests).
 
 One Serve instance per module (start-up is the slow part): the full app at / (with a bearer
-token) and the miner-only app at /miner. The replica-kill test runs last.
+token and two reranker replicas), the miner-only app at /miner and an app without a miner at
+/nominer. The replica-kill test runs last.
 """
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ import torch
 
 from model.edje import load_checkpoint
 from schemas.token_table import decode_tokens, read_token_tables
-from serving.config import ServeConfig
+from serving.config import DeploymentResources, ServeConfig
+from serving.ingress import BATCH_HEADER, REPLICA_HEADER
 from serving.miner_client import MinerError, fetch_negatives, neighbour_batch
 from serving.random_corpus import write_random_corpus
 
 TOKEN = "test-token"
 MAX_DOCS = 24
 MAX_CHARS = 300
+FUZZ_EXAMPLES = 25  # per operation and app: ~400 requests in all
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +50,17 @@ def served(ray_local, corpus):
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # A 50 ms batch window: concurrent requests reliably meet in one forward pass on a loaded machine.
     cfg = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables),
                       caption_sources=(corpus.raw_table,), max_documents=MAX_DOCS, max_text_chars=MAX_CHARS,
-                      auth_token=TOKEN, max_batch_pairs=32)
+                      auth_token=TOKEN, max_batch_pairs=32, batch_wait_timeout_s=0.05,
+                      reranker=DeploymentResources(num_replicas=2, num_cpus=0.5, max_ongoing_requests=64))
     serve.run(build(cfg), name="edje", route_prefix="/")
     miner_only = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.annotations,), auth_token_env=None)
     serve.run(build(miner_only), name="miner", route_prefix="/miner")
+    no_miner = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,
+                           reranker=DeploymentResources(num_cpus=0.25))
+    serve.run(build(no_miner), name="nominer", route_prefix="/nominer")
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {TOKEN}"
     yield f"http://127.0.0.1:{port}", http
@@ -121,12 +129,20 @@ def test_rerank_cohere_shape(served, corpus, reference):
     assert body["meta"]["api_version"]["version"] == "2"
 
 
-def test_rerank_accepts_document_objects(served, corpus):
+def test_document_objects_resolve_to_their_images(served, corpus, reference):
     url, http = served
-    docs = [{"text": corpus.image_ids[0]}, {"id": corpus.image_ids[1]}, corpus.image_ids[2]]
-    r = http.post(url + "/v1/rerank", json={"query": "a red circle", "documents": docs})
+    ids = corpus.image_ids
+    docs = [{"text": ids[0]}, {"id": ids[1]}, ids[2], {"image_id": ids[3]}, {"image": ids[4]},
+            {"id": ids[5], "text": ids[6]}]  # both keys: "id" wins
+    meant = ids[:6]
+    query = corpus.captions[1]
+    r = http.post(url + "/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True})
     assert r.status_code == 200, r.text
-    assert sorted(x["index"] for x in r.json()["results"]) == [0, 1, 2]
+    got = {x["index"]: x for x in r.json()["results"]}
+    assert [got[i]["document"]["text"] for i in range(6)] == meant
+    np.testing.assert_allclose([got[i]["relevance_score"] for i in range(6)], reference([query] * 6, meant), atol=1e-4)
+    r = http.post(url + "/v1/rerank", json={"query": query, "documents": [{"id": 7}]})
+    assert r.status_code == 422, r.text
 
 
 def test_rerank_texts_ranks_captions_for_an_image(served, corpus, reference):
@@ -143,19 +159,24 @@ def test_rerank_texts_ranks_captions_for_an_image(served, corpus, reference):
 
 def test_concurrent_requests_are_batched_without_changing_scores(served, corpus, reference):
     url, http = served
-    jobs = [(corpus.captions[i], corpus.image_ids[i:i + 3]) for i in range(16)]
+    jobs = [(corpus.captions[i], corpus.image_ids[i:i + 3]) for i in range(24)]
 
     def call(job):
         q, docs = job
         r = requests.post(url + "/v1/rerank", json={"query": q, "documents": docs, "raw_scores": True},
                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
         assert r.status_code == 200, r.text
-        return {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        return {x["index"]: x["relevance_score"] for x in r.json()["results"]}, r.headers
 
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(24) as pool:
         results = list(pool.map(call, jobs))
-    for (q, docs), got in zip(jobs, results):
+    for (q, docs), (got, _) in zip(jobs, results):
         np.testing.assert_allclose([got[i] for i in range(3)], reference([q] * 3, docs), atol=1e-4)
+    # The replica reports the pairs of the forward pass that scored each request: > 3 means merged requests.
+    batch_pairs = [int(h[BATCH_HEADER]) for _, h in results]
+    assert max(batch_pairs) > 3, batch_pairs
+    assert all(b % 3 == 0 for b in batch_pairs)  # whole requests of 3 pairs each
+    assert len({h[REPLICA_HEADER] for _, h in results}) == 2  # both reranker replicas served
 
 
 def test_search_first_stage_then_rerank(served, corpus, reference):
@@ -229,10 +250,14 @@ def test_miner_only_app_serves_negatives_from_raw_tables_and_annotations(served,
     url, _ = served
     mined = fetch_negatives(url + "/miner", corpus.image_ids[:2], corpus.captions[:2], k=2)
     assert all(corpus.image_ids[i] not in mined.image_ids[i] for i in range(2))
-    r = requests.post(url + "/miner/v1/rerank", json={"query": "q", "documents": ["img_00001"]})
-    assert r.status_code == 503 and "checkpoint" in r.json()["detail"]
+    for route in ("/v1/rerank", "/v2/rerank", "/v1/rerank/texts", "/v1/search"):  # no checkpoint: no such routes
+        r = requests.post(url + "/miner" + route, json={"query": "q", "documents": ["img_00001"]})
+        assert r.status_code == 404, (route, r.text)
     r = requests.post(url + "/miner/v1/negatives", json={"pairs": [{"image_id": "img_00001", "caption": "x"}], "rescore": True})
-    assert r.status_code == 422 and "rescore" in r.json()["detail"]
+    assert r.status_code == 422 and "rescore" in r.json()["message"]
+    spec = requests.get(url + "/miner/openapi.json").json()
+    assert set(spec["paths"]) == {"/v1/negatives", "/healthz", "/v1/info"}
+    assert spec["components"]["schemas"]["NegativesRequest"]["properties"]["rescore"]["const"] is False
     info = requests.get(url + "/miner/v1/info").json()
     assert info["miner"]["captions"] == 96 and info["corpus_size"] == 48 and info["token_store"] is None
 
@@ -253,16 +278,18 @@ def test_unknown_image_ids_are_404_and_named(served, corpus):
     ("/v1/rerank", {"query": "   ", "documents": ["img_00001"]}, "query"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
     ("/v1/rerank", {"documents": ["img_00001"]}, "query"),
-    ("/v1/rerank", {"query": "q", "documents": [f"img_{i:05d}" for i in range(MAX_DOCS + 1)]}, "too many documents"),
-    ("/v1/rerank", {"query": "x" * (MAX_CHARS + 1), "documents": ["img_00001"]}, "characters long"),
+    ("/v1/rerank", {"query": "q", "documents": [f"img_{i:05d}" for i in range(MAX_DOCS + 1)]}, f"at most {MAX_DOCS} items"),
+    ("/v1/rerank", {"query": "x" * (MAX_CHARS + 1), "documents": ["img_00001"]}, f"at most {MAX_CHARS} characters"),
+    ("/v1/rerank", {"query": "q", "documents": ["img_00001", " "]}, "documents.1"),
     ("/v1/rerank", {"query": "q", "documents": ["img_00001"], "top_n": 0}, "top_n"),
     ("/v2/rerank", {"query": "", "documents": ["img_00001"]}, "query"),
-    ("/v1/rerank/texts", {"image": "img_00001", "texts": ["ok", "y" * (MAX_CHARS + 1)]}, "texts[1]"),
+    ("/v1/rerank/texts", {"image": "img_00001", "texts": ["ok", "y" * (MAX_CHARS + 1)]}, "texts.1"),
     ("/v1/rerank/texts", {"image": "img_00001", "texts": []}, "texts"),
     ("/v1/search", {"query": ""}, "query"),
-    ("/v1/search", {"query": "q", "top_k": 5000}, "too many"),
+    ("/v1/search", {"query": "q", "top_k": 5000}, "top_k"),
     ("/v1/negatives", {"pairs": []}, "pairs"),
     ("/v1/negatives", {"pairs": [{"image_id": "img_00001", "caption": "c"}], "k": 0}, "k"),
+    ("/v1/negatives", {"pairs": [{"image_id": "img_00001", "caption": "c" * (MAX_CHARS + 1)}]}, "caption"),
 ])
 def test_bad_requests_are_422_with_a_message(served, route, body, needle):
     url, http = served
@@ -296,15 +323,85 @@ def test_auth_health_info_and_openapi(served, corpus):
     spec = requests.get(url + "/openapi.json").json()
     for path in ("/v1/rerank", "/v2/rerank", "/v1/rerank/texts", "/v1/search", "/v1/negatives", "/healthz", "/v1/info"):
         assert path in spec["paths"], path
-    assert "RerankRequest" in spec["components"]["schemas"]
+
+
+def test_openapi_states_the_limits_the_server_enforces(served):
+    url, _ = served
+    schemas = requests.get(url + "/openapi.json").json()["components"]["schemas"]
+    rerank = schemas["RerankRequest"]["properties"]
+    assert rerank["documents"]["maxItems"] == MAX_DOCS and rerank["documents"]["minItems"] == 1
+    query = rerank["query"]
+    assert query["maxLength"] == MAX_CHARS and query["minLength"] == 1 and query["pattern"] == r"\S"
+    assert {"type": "integer", "minimum": 1} in rerank["top_n"]["anyOf"]
+    ids = [s for s in rerank["documents"]["items"]["anyOf"] if s.get("type") == "string"][0]
+    assert ids["minLength"] == 1 and ids["pattern"] == r"\S"
+    texts = schemas["TextRerankRequest"]["properties"]["texts"]
+    assert texts["maxItems"] == MAX_DOCS and texts["items"]["maxLength"] == MAX_CHARS
+    assert schemas["SearchRequest"]["properties"]["top_k"]["maximum"] == 1000
+    assert schemas["Pair"]["properties"]["caption"]["maxLength"] == MAX_CHARS
+    assert schemas["NegativesRequest"]["properties"]["pairs"]["maxItems"] == 1024
+
+
+def test_a_route_that_is_not_deployed_is_404_and_absent_from_openapi(served, corpus):
+    url, _ = served
+    r = requests.post(url + "/nominer/v1/negatives", json={"pairs": [{"image_id": corpus.image_ids[0], "caption": "c"}]})
+    assert r.status_code == 404, r.text
+    assert "/v1/negatives" not in requests.get(url + "/nominer/openapi.json").json()["paths"]
+    r = requests.post(url + "/nominer/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:2]})
+    assert r.status_code == 200, r.text
+
+
+def _replicas_seen(url, http, corpus, n=24):
+    """Reranker replica ids that answer n concurrent requests (sequential ones may all go to one replica)."""
+    def call(_):
+        r = requests.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:2]},
+                          headers=dict(http.headers), timeout=60)
+        assert r.status_code == 200, r.text
+        return r.headers[REPLICA_HEADER]
+
+    with ThreadPoolExecutor(12) as pool:
+        return set(pool.map(call, range(n)))
 
 
 def test_bad_input_does_not_take_a_replica_down(served, corpus):
     url, http = served
-    for body in ({"query": "q", "documents": ["nope"]}, {"query": ""}, "garbage"):
-        http.post(url + "/v1/rerank", json=body) if not isinstance(body, str) else http.post(url + "/v1/rerank", data=body)
-    r = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:2]})
-    assert r.status_code == 200
+    before = _replicas_seen(url, http, corpus)
+    assert len(before) == 2  # two reranker replicas answer
+    bad = [({"query": "q", "documents": ["nope"]}, 404), ({"query": "q", "documents": [corpus.image_ids[0], "x" * 600]}, 422),
+           ({"query": ""}, 422), ("garbage", 422), ({"query": "q", "documents": [{"id": None}]}, 422),
+           ({"query": "q", "documents": corpus.image_ids[:2], "top_n": -1}, 422)]
+    for _ in range(3):
+        for body, status in bad:
+            r = http.post(url + "/v1/rerank", data=body) if isinstance(body, str) else http.post(url + "/v1/rerank", json=body)
+            assert r.status_code == status, (body, r.text)
+    # The same two replicas still answer: none was replaced.
+    assert _replicas_seen(url, http, corpus) == before
+
+
+# ------------------------------------------------------------------------------------------ fuzzing
+@pytest.mark.parametrize("prefix, auth", [("", True), ("/miner", False), ("/nominer", False)])
+def test_schema_fuzz_finds_no_server_error(served, prefix, auth):
+    """Schemathesis generates requests from each app's /openapi.json (valid and invalid); none may get a 5xx."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    url, _ = served
+    schema = schemathesis.openapi.from_url(url + prefix + "/openapi.json")
+    headers = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
+    seen = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=operation.as_strategy())
+        def check(case):
+            response = case.call(base_url=url + prefix, headers=headers, timeout=60)
+            seen.append(response.status_code)
+            assert response.status_code < 500, f"{case.method} {case.path} {case.body!r} -> {response.status_code} {response.text}"
+
+        check()
+    assert 200 in seen and any(400 <= s < 500 for s in seen), sorted(set(seen))
 
 
 # ------------------------------------------------------------------------------- fault tolerance
@@ -313,6 +410,7 @@ def test_killed_reranker_replica_is_replaced_under_load(served, corpus):
     from ray import serve
 
     url, http = served
+    before = _replicas_seen(url, http, corpus)
     handle = serve.get_deployment_handle("Reranker", app_name="edje")
     victim = handle.actor_name.remote().result()
     stop, statuses = threading.Event(), []
@@ -332,21 +430,22 @@ def test_killed_reranker_replica_is_replaced_under_load(served, corpus):
         t.start()
     time.sleep(1.0)
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-    deadline, recovered = time.time() + 120, False
-    while time.time() < deadline and not recovered:
+    deadline, replacement = time.time() + 120, None
+    while time.time() < deadline and replacement is None:
         time.sleep(1.0)
         try:
-            recovered = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]},
-                                  timeout=30).status_code == 200 and handle.actor_name.remote().result() != victim
-        except Exception:  # noqa: BLE001 - the handle may still route to the dead replica for a moment
-            recovered = False
+            r = http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]}, timeout=30)
+            if r.status_code == 200 and r.headers[REPLICA_HEADER] not in before:
+                replacement = r.headers[REPLICA_HEADER]
+        except requests.RequestException:
+            pass
     stop.set()
     for t in threads:
         t.join(60)
-    assert recovered, f"no new replica served within 120 s; statuses seen: {sorted(set(statuses))}"
+    assert replacement, f"no new replica served within 120 s; statuses seen: {sorted(set(statuses))}"
     assert statuses.count(200) > 0
-    # Later requests succeed, every one.
-    for _ in range(5):
-        assert http.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:4]}).status_code == 200
+    # Later requests succeed, every one, from the surviving replica and its replacement.
+    after = _replicas_seen(url, http, corpus)
+    assert len(after) == 2 and replacement in after and len(after & before) == 1
     # While the replica was gone, requests failed fast with a 5xx (or a dropped connection), never a 4xx.
     assert all(s == 200 or s >= 500 or s == -1 for s in statuses), sorted(set(statuses))

@@ -179,3 +179,15 @@ def test_serve_job_flags_override_the_config_file(tmp_path, monkeypatch):
     assert cfg.dynamic_batching is False
     monkeypatch.setenv("EDJE_API_TOKEN", "s3cret")
     assert cfg.resolved_auth_token() == "s3cret"
+
+
+def test_app_refuses_mismatched_tables_at_start_up(corpus, tmp_path, tiny_edje_config):
+    """`serve run`'s builder (and jobs/serve.py's build) refuse tables of another adapter before deploying anything."""
+    from serving.app import build_app
+
+    other = write_random_corpus(str(tmp_path / "other"), tiny_edje_config, num_images=4, num_tables=1, seed=1)
+    args = {"checkpoint": corpus.checkpoint, "token_tables": [corpus.compressed_tables[0], other.compressed_tables[0]]}
+    with pytest.raises(TableMismatchError, match="adapter_hash") as err:
+        build_app(args)
+    assert other.compressed_tables[0] in str(err.value)
+    build_app({**args, "token_tables": corpus.compressed_tables})  # the matching tables build
