@@ -156,7 +156,7 @@ def _column_map(names: Sequence[str], wanted: dict, path: str) -> dict:
 
 def _first_line(path: str) -> bytes:
     with fsspec.open(path, "rb", compression="infer") as f:
-        line = f.readline(1 << 20)
+        line = f.read(1 << 16).split(b"\n", 1)[0]  # read(n), not readline(n): http files have no sized readline
     return line[3:] if line.startswith(b"\xef\xbb\xbf") else line  # a BOM would hide the first name
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import gzip
 import io
+import json
 import os
 import socket
 import subprocess
@@ -201,13 +203,21 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
     out = str(tmp_path / "out")
     with serve(world, routes) as base:
         data, expected, failed, twins = rows(base, f"http://127.0.0.1:{free_port()}")
-        (tmp_path / "urls.tsv").write_bytes(data)
-        cfg = EncodeJobConfig(input=str(tmp_path / "urls.tsv"), output=out, shard_size=40, batch_size=16,
+        # A multi-file input: a folder of two lists (plain and gzipped TSV); the duplicate urls at the
+        # end of the second file repeat rows of the first, so "once in the output" spans files.
+        lines = data.splitlines(keepends=True)
+        (tmp_path / "urls").mkdir()
+        (tmp_path / "urls" / "part-0.tsv").write_bytes(b"".join(lines[:120]))
+        with gzip.open(tmp_path / "urls" / "part-1.tsv.gz", "wb") as f:
+            f.write(lines[0] + b"".join(lines[120:]))
+        cfg = EncodeJobConfig(input=str(tmp_path / "urls"), output=out, shard_size=40, batch_size=16,
                               timeout=1.5, retries=0, address=two_node_cluster.address)
         ray.init(address=two_node_cluster.address, log_to_driver=False)
         summary = run_encode_job(cfg)
 
         assert summary["complete"] and summary["run"]["ray_nodes"] == 2
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        assert manifest["input"] == [str(tmp_path / "urls")] and manifest["num_shards"] == summary["shards"] == 5
         n_in = len(expected) + sum(failed.values())
         assert summary["images_in"] == n_in == 204
         assert summary["failed"] == failed
@@ -286,7 +296,6 @@ def test_worker_node_removed_mid_run_then_rerun_completes(tmp_path):
             second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
             assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
             assert f"{n_shards - left} already committed, {left} to do" in second.stdout
-        import json
         summary = json.loads((out / "summary.json").read_text())
         assert summary["complete"] and summary["images_ok"] == len(rows) and summary["failed"] == {}
         table, _ = read_tables(summary)
