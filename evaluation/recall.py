@@ -56,3 +56,23 @@ def embedding_recall(text_emb: np.ndarray, image_emb: np.ndarray, caption_image:
         "t2i": recall(top_rankings(sim, depth), t2i_answers(caption_image)),
         "i2t": recall(top_rankings(sim.T, depth), i2t_answers(caption_image, image_emb.shape[0])),
     }
+
+
+def within_group_accuracy(rankings: np.ndarray, correct: Sequence[np.ndarray], group: np.ndarray,
+                          k: int) -> Dict:
+    """Binding diagnostic: among queries whose answer and at least one other member of its group
+    (a sample-world family: the answer's binding twins) are in the first k, the percent where the
+    answer is ranked above every twin. ``group`` maps each ranked item to its group id."""
+    hits = total = 0
+    for q, answers in enumerate(correct):
+        top = rankings[q, :k]
+        pos = np.flatnonzero(np.isin(top, answers))
+        if not pos.size:
+            continue
+        fam = group[top[pos[0]]]
+        twins = np.flatnonzero((group[top] == fam) & ~np.isin(top, answers))
+        if not twins.size:
+            continue
+        total += 1
+        hits += int(pos[0] < twins[0])
+    return {"accuracy": round(100.0 * hits / total, 2) if total else None, "queries": total}

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from evaluation.annotations import Annotations, load_annotations
-from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers
+from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers, within_group_accuracy
 from model.backbone import VisionBackbone
 from model.codecs import TokenCodec
 from model.edje import EDJEModel, load_checkpoint
@@ -161,6 +161,14 @@ def evaluate(cfg: EvalConfig) -> Dict:
         name: {"first_stage": recall(st.first, st.answers), "reranked": recall(st.reranked, st.answers)}
         for name, st in (("t2i", t2i), ("i2t", i2t))
     }
+    families = family_groups(ann)
+    if families is not None:
+        # Items ranked: images for text->image, captions (grouped by their image's family) for image->text.
+        k = min(cfg.k, ann.num_images)
+        for name, st, group in (("t2i", t2i, families), ("i2t", i2t, families[ann.caption_image])):
+            metrics[name]["within_family"] = {
+                "first_stage": within_group_accuracy(st.first, st.answers, group, k),
+                "reranked": within_group_accuracy(st.reranked, st.answers, group, k)}
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -172,6 +180,17 @@ def evaluate(cfg: EvalConfig) -> Dict:
            "timings": timings, "torch_threads": torch.get_num_threads()}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return metrics
+
+
+def family_groups(ann: Annotations) -> Optional[np.ndarray]:
+    """Family id of each annotation image when a sample world's world.json lies beside the annotations."""
+    world = ann.path.parent / "world.json"
+    if not world.exists():
+        return None
+    family = {r["image_id"]: r["family_id"] for r in json.loads(world.read_text())["images"]}
+    if any(i not in family for i in ann.image_ids):
+        return None
+    return np.array([family[i] for i in ann.image_ids])
 
 
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
@@ -187,4 +206,13 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
             lines.append(f"| {label} | {stage.replace('_', ' ')} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} |")
         gain = {k: metrics[d]["reranked"][k] - metrics[d]["first_stage"][k] for k in ("r1", "r5", "r10")}
         lines.append(f"| {label} | gain | {gain['r1']:+.2f} | {gain['r5']:+.2f} | {gain['r10']:+.2f} |")
+    fam = [(d, metrics[d]["within_family"]) for d in ("t2i", "i2t") if "within_family" in metrics[d]]
+    if fam:
+        lines += ["", f"Binding: within-family accuracy in the top {cfg.k} (the right image/caption ranked above "
+                  "its family's twins, among queries where both are in the top k).", "",
+                  "| direction | first stage | reranked | queries |", "| --- | ---: | ---: | ---: |"]
+        for d, f in fam:
+            pct = [f"{f[s]['accuracy']:.2f}" if f[s]["accuracy"] is not None else "–" for s in ("first_stage", "reranked")]
+            lines.append(f"| {d} | {pct[0]} | {pct[1]} | "
+                         f"{f['first_stage']['queries']} / {f['reranked']['queries']} |")
     return "\n".join(lines) + "\n"

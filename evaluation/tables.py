@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from evaluation.annotations import load_annotations, load_images
-from model.backbone import VisionBackbone
+from model.backbone import VisionBackbone, default_feature_layer
 from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, build_table, write_token_table
 
@@ -60,11 +60,11 @@ def main(argv=None) -> None:
     p.add_argument("--annotations", required=True)
     p.add_argument("--backbone", default="edje-tiny-clip")
     p.add_argument("--pretrained", default=None)
-    p.add_argument("--feature-layer", default="final", choices=["final", "penultimate"])
+    p.add_argument("--feature-layer", choices=["final", "penultimate"], help="default: the backbone kind's")
     p.add_argument("--rows", default="image", choices=["image", "caption"])
     p.add_argument("--output", required=True)
     a = p.parse_args(argv)
-    bb = VisionBackbone.create(BackboneConfig(a.backbone, a.pretrained, a.feature_layer))
+    bb = VisionBackbone.create(BackboneConfig(a.backbone, a.pretrained, a.feature_layer or default_feature_layer(a.backbone)))
     print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows)} rows to {a.output}")
 
 

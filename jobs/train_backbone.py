@@ -33,13 +33,22 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--stop-after", type=int, help="train only this many epochs of the --epochs-long LR schedule")
+    p.add_argument("--neighbour-fraction", type=float, default=0.0,
+                   help="share of each batch made of clusters of near neighbours (ELIP hard batches)")
+    p.add_argument("--cluster-size", type=int, default=8, help="images per neighbour cluster")
+    p.add_argument("--neighbour-start", type=int, default=2, help="first epoch (1-based) with neighbour batches")
+    p.add_argument("--mask-same-words", action="store_true",
+                   help="leave captions with the same bag of words (binding twins) out of each other's softmax")
+    p.add_argument("--twin-groups", help="a sample world's world.json: a family's images are not each other's negatives")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = BackboneTrainConfig(
         train_annotations=a.train, output=a.output, eval_annotations=a.eval, model=a.model, epochs=a.epochs,
         batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, seed=a.seed,
-        eval_every=a.eval_every, stop_after=a.stop_after)
+        eval_every=a.eval_every, stop_after=a.stop_after, neighbour_fraction=a.neighbour_fraction,
+        cluster_size=a.cluster_size, neighbour_start=a.neighbour_start, mask_same_words=a.mask_same_words,
+        twin_groups=a.twin_groups)
     record = train_backbone(cfg)
     print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
 

@@ -24,6 +24,43 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 open_clip.add_model_config(CONFIG_DIR)
 
 
+class ConvStemPatchEmbed(nn.Module):
+    """timm's PatchEmbed with a stack of stride-2 3x3 convolutions in place of one patch projection
+    ("Early Convolutions Help Transformers See Better", Xiao et al. 2021): one token per patch."""
+
+    def __init__(self, img_size=64, patch_size=8, in_chans=3, embed_dim=128, bias=True, **_):
+        from timm.layers import PatchEmbed
+
+        super().__init__()
+        # Borrow PatchEmbed's bookkeeping (grid size, feat_ratio, dynamic size) that timm's ViT reads.
+        ref = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
+        self.img_size, self.patch_size, self.grid_size = ref.img_size, ref.patch_size, ref.grid_size
+        self.num_patches, self.flatten, self.output_fmt = ref.num_patches, True, ref.output_fmt
+        self.dynamic_img_pad, self.strict_img_size = False, True
+        stages = int(round(np.log2(self.patch_size[0])))  # stride-2 stages to reach one token per patch
+        layers: list = [nn.Conv2d(in_chans, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True)]
+        width = 32
+        for i in range(stages):
+            out = min(256, 32 * 2 ** (i + 1))
+            layers += [nn.Conv2d(width, out, 3, 2, 1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            width = out
+        layers.append(nn.Conv2d(width, embed_dim, 1, bias=bias))
+        self.proj = nn.Sequential(*layers)
+        self.norm = nn.Identity()
+
+    def feat_ratio(self, as_scalar: bool = True):
+        """Downsampling factor, as timm's PatchEmbed reports it."""
+        return max(self.patch_size) if as_scalar else self.patch_size
+
+    def dynamic_feat_size(self, img_size):
+        """Token grid for an input size."""
+        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, 3, H, W] -> [B, (H/p)*(W/p), embed_dim]."""
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
 def _register_timm_models() -> None:
     """A tiny SigLIP-style timm ViT (no class token, MAP pooling) for tests and the embedded default."""
     from timm.models import register_model
@@ -32,6 +69,18 @@ def _register_timm_models() -> None:
 
     if "vit_edje_tiny_siglip_64" in timm.list_models("vit_edje_*"):
         return
+
+    @register_model
+    def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
+        """A 4-layer ViT over a convolutional stem: 64 tokens (8 x 8 grid) of 128 channels, mean-pooled.
+
+        The stem's 3x3 convolutions see the outline of a 10-pixel object that one 8 x 8 patch
+        projection cuts apart; a patch-8 ViT of this size never learned shape (BENCHMARKS.md)."""
+        args = dict(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0,
+                    class_token=False, global_pool="avg", embed_layer=ConvStemPatchEmbed)
+        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
+            kwargs.pop(key, None)
+        return VisionTransformer(**{**args, **kwargs})
 
     @register_model
     def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
@@ -43,6 +92,25 @@ def _register_timm_models() -> None:
 
 
 _register_timm_models()
+
+
+def default_feature_layer(name: str) -> str:
+    """Which tokens EDJE reads by default: "penultimate" for towers that pool a class token
+    (CLIP: the final patch outputs are never trained under class-token pooling, as the paper
+    notes), "final" for towers that pool over all tokens (SigLIP2's MAP head, mean pooling)."""
+    # A hub model's config would need the hub: such towers (SigLIP2) read final tokens.
+    cfg = {} if name.startswith("hf-hub:") else open_clip.get_model_config(name) or {}
+    vision = cfg.get("vision_cfg", {})
+    if "timm_model_name" in vision:
+        pool = vision.get("timm_pool", "avg")
+        if pool in ("", None):  # the trunk's own pooling
+            import timm
+            pool = getattr(timm.create_model(vision["timm_model_name"], pretrained=False), "global_pool", "avg")
+        return "penultimate" if pool == "token" else "final"
+    if not vision:
+        return "final"  # not an open_clip config (a hub name): SigLIP2-style towers read final tokens
+    pooled_tokens = vision.get("attentional_pool", False) or vision.get("pool_type", "tok") in ("avg", "none")
+    return "final" if pooled_tokens else "penultimate"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from model.backbone import default_feature_layer
 from model.codecs import TokenCodec
 from schemas.config import BackboneConfig, CodecConfig, from_dict
 from schemas.token_table import TableMetadata
@@ -49,7 +50,8 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
                      adapter: Optional[str]) -> BackboneConfig:
     """The backbone to run: the flags, completed from (and checked against) the adapter checkpoint."""
     if not adapter:
-        return BackboneConfig(name or "edje-tiny-clip", pretrained, feature_layer or "final")
+        name = name or "edje-tiny-clip"
+        return BackboneConfig(name, pretrained, feature_layer or default_feature_layer(name))
     from model.edje import read_checkpoint_config
     from schemas.config import EDJEConfig
 

@@ -20,7 +20,7 @@ class EncodeJobConfig:
     id_col: str = "image_id"
     backbone: Optional[str] = None  # None: the adapter checkpoint's backbone, else edje-tiny-clip
     pretrained: Optional[str] = None
-    feature_layer: Optional[str] = None  # None: the adapter checkpoint's, else "final"
+    feature_layer: Optional[str] = None  # None: the adapter checkpoint's, else the backbone kind's default
     adapter: Optional[str] = None  # EDJE checkpoint dir -> compressed tables; None -> raw tables
     quant: str = "fp16"
     group_size: Optional[int] = None
@@ -60,4 +60,6 @@ class EncodeJobConfig:
 
     def backbone_config(self) -> BackboneConfig:
         """The backbone this job runs (after resolve_model filled in the defaults)."""
-        return BackboneConfig(self.backbone or "edje-tiny-clip", self.pretrained, self.feature_layer or "final")
+        from model.backbone import default_feature_layer  # the model package registers its configs on import
+        name = self.backbone or "edje-tiny-clip"
+        return BackboneConfig(name, self.pretrained, self.feature_layer or default_feature_layer(name))

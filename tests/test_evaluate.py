@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from evaluation.recall import embedding_recall, recall, rerank, top_rankings
+from evaluation.recall import embedding_recall, recall, rerank, top_rankings, within_group_accuracy
 from model.backbone import VisionBackbone
 from model.edje import EDJEModel, save_checkpoint
 from schemas.config import BackboneConfig
@@ -27,6 +27,17 @@ def test_recall_and_rerank_by_hand():
     assert top_rankings(scores, 2).tolist() == [[1, 2], [0, 1]]
     with pytest.raises(ValueError, match="rerank scores"):
         rerank(rankings, 3, np.zeros((3, 2)))
+
+
+def test_within_family_accuracy_by_hand():
+    # Items 0-3 are one family, 4-5 another. Query 0: answer 1 above twin 0 -> right. Query 1: twin 2
+    # above answer 3 -> wrong. Query 2: no twin of answer 4 in the top 3 -> not counted. Query 3:
+    # answer 5 outside the top 3 -> not counted.
+    group = np.array([0, 0, 0, 0, 1, 1])
+    rankings = np.array([[1, 4, 0, 2], [2, 3, 4, 0], [4, 0, 1, 5], [0, 1, 2, 5]])
+    answers = [np.array([1]), np.array([3]), np.array([4]), np.array([5])]
+    assert within_group_accuracy(rankings, answers, group, k=3) == {"accuracy": 50.0, "queries": 2}
+    assert within_group_accuracy(rankings, answers, group, k=1) == {"accuracy": None, "queries": 0}
 
 
 @pytest.fixture(scope="module")

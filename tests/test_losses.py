@@ -79,8 +79,29 @@ def test_distillation_loss_falls_by_half(tiny_edje_config):
     model = EDJEModel(tiny_edje_config)
     tokens, _ = _batch(tiny_edje_config)
     teacher = torch.tensor([6.0, -6.0] * 4)  # a confident teacher: the BCE floor is ~0.015
-    first, last = _overfit(model, lambda: distillation_loss(model.score_backbone_tokens(CAPTIONS, tokens), teacher))
+    # 8 pairs laid out as b=2 positives, b*k=2x1 negative images, 2x1 negative texts... plus 2 more
+    # positives would not fit the layout; use b=2, k=1 over the first 6 pairs.
+    first, last = _overfit(model, lambda: distillation_loss(model.score_backbone_tokens(CAPTIONS, tokens)[:6],
+                                                            teacher[:6], b=2, k=1))
     assert last <= first / 2, (first, last)
+
+
+def test_distillation_weighs_the_three_pair_groups_equally():
+    # b=1, k=3: one positive, three negative images, three negative texts. An error on the
+    # positive alone must cost a third of the loss, not 1/(2k+1) = 1/7 of it.
+    teacher = torch.tensor([8.0] + [-8.0] * 6)
+    student = teacher.clone()
+    base = distillation_loss(student, teacher, b=1, k=3)
+    wrong_pos = student.clone()
+    wrong_pos[0] = -8.0
+    wrong_neg = student.clone()
+    wrong_neg[1] = 8.0
+    d_pos = distillation_loss(wrong_pos, teacher, b=1, k=3) - base
+    d_neg = distillation_loss(wrong_neg, teacher, b=1, k=3) - base
+    assert torch.isclose(d_pos, 3 * d_neg, rtol=1e-3), (d_pos, d_neg)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor(-8.0), torch.sigmoid(torch.tensor(8.0)))
+    floor = torch.nn.functional.binary_cross_entropy_with_logits(torch.tensor(8.0), torch.sigmoid(torch.tensor(8.0)))
+    assert torch.isclose(d_pos, (bce - floor) / 3, rtol=1e-3)
 
 
 def test_losses_reject_mismatched_shapes():
@@ -89,7 +110,9 @@ def test_losses_reject_mismatched_shapes():
     with pytest.raises(ValueError, match="differ"):
         recovery_loss(torch.zeros(2, 8), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="differ"):
-        distillation_loss(torch.zeros(3), torch.zeros(4))
+        distillation_loss(torch.zeros(3), torch.zeros(4), b=1, k=1)
+    with pytest.raises(ValueError, match="b \\+ 2bk"):
+        distillation_loss(torch.zeros(4), torch.zeros(4), b=1, k=1)
 
 
 def test_miner_masks_positives_same_ids_and_identical_captions():

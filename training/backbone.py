@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 import model.backbone  # noqa: F401  registers the project's open_clip configs
 from evaluation.annotations import Annotations, load_annotations, load_images
 from evaluation.recall import embedding_recall
+from training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,16 @@ class BackboneTrainConfig:
     seed: int = 0
     eval_every: int = 4  # epochs; a checkpoint is written at each evaluation
     stop_after: Optional[int] = None  # train only this many epochs of the `epochs`-long schedule
+    # ELIP-style hard batches (training/hard_batches.py): this share of each batch is made of
+    # clusters of `cluster_size` near neighbours in the current image embedding, from epoch
+    # `neighbour_start` on (before that the embedding is too young to say what is similar).
+    neighbour_fraction: float = 0.0
+    cluster_size: int = 8
+    neighbour_start: int = 2
+    mask_same_words: bool = False  # leave captions with the same bag of words out of each other's softmax
+    # A sample-world world.json: images of one family (binding twins, whose captions share every
+    # word) are left out of each other's softmax, as duplicates are in CLIP training.
+    twin_groups: Optional[str] = None
 
 
 def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
@@ -67,6 +78,24 @@ def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images:
     return embedding_recall(txt.numpy(), img.numpy(), ann.caption_image)
 
 
+def family_ids(world_json: str, image_ids) -> np.ndarray:
+    """Family id of each image, from a sample world's world.json (KeyError naming an unknown image)."""
+    records = json.loads(Path(world_json).read_text())["images"]
+    family = {r["image_id"]: r["family_id"] for r in records}
+    missing = [i for i in image_ids if i not in family]
+    if missing:
+        raise KeyError(f"{world_json} does not list images {missing[:3]}")
+    return np.array([family[i] for i in image_ids], dtype=np.int64)
+
+
+@torch.no_grad()
+def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 512) -> np.ndarray:
+    """Normalised image embeddings of preprocessed images, in eval mode (for neighbour batches)."""
+    clip.eval()
+    return torch.cat([F.normalize(clip.encode_image(images[i:i + batch]), dim=-1)
+                      for i in range(0, len(images), batch)]).numpy()
+
+
 def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print) -> Dict:
     """Train, evaluate, and write `cfg.output` (fp16 safetensors) plus a JSON record next to it."""
     torch.manual_seed(cfg.seed)
@@ -79,6 +108,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions)
     per_image = train.image_to_captions()
+    groups = torch.from_numpy(family_ids(cfg.twin_groups, train.image_ids)) if cfg.twin_groups else None
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
@@ -96,16 +126,29 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     history, start, step = [], time.time(), 0
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     for epoch in range(last):
-        clip.train()
-        order = rng.permutation(train.num_images)
         # One caption per image per epoch, drawn at random: every caption is seen over the run.
         caption_pick = np.array([rng.choice(per_image[i]) for i in range(train.num_images)])
+        clustered = cfg.neighbour_fraction > 0 and epoch + 1 >= cfg.neighbour_start
+        if clustered:
+            emb = image_embeddings(clip, images)
+            clusters = neighbour_clusters(emb, cfg.cluster_size, rng)
+            batches = mixed_batches(train.num_images, cfg.batch_size, cfg.neighbour_fraction, clusters, rng)
+        else:
+            order = rng.permutation(train.num_images)
+            batches = [order[b * cfg.batch_size:(b + 1) * cfg.batch_size] for b in range(steps_per_epoch)]
+        clip.train()
         losses = []
-        for b in range(steps_per_epoch):
-            idx = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        for idx in batches:
             img = F.normalize(clip.encode_image(images[idx]), dim=-1)
             txt = F.normalize(clip.encode_text(text_ids[caption_pick[idx]]), dim=-1)
             logits = clip.logit_scale.exp() * img @ txt.T
+            if cfg.mask_same_words:
+                same = torch.from_numpy(same_words_mask([train.captions[j] for j in caption_pick[idx]]))
+                logits = logits.masked_fill(same, float("-inf"))
+            if groups is not None:
+                g = groups[torch.from_numpy(idx)]
+                twins = (g[:, None] == g[None, :]) & ~torch.eye(len(idx), dtype=torch.bool)
+                logits = logits.masked_fill(twins, float("-inf"))
             target = torch.arange(len(idx))
             loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
             opt.zero_grad(set_to_none=True)

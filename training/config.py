@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple
 
+from training.sampler import CurriculumConfig
+
 Objective = Literal["itm", "mlm", "recovery", "distill"]
 NegativeSource = Literal["in-batch", "miner"]
 
@@ -38,7 +40,9 @@ class TrainJobConfig:
     init_encoder_from: Optional[str] = None  # copy only the joint encoder from this checkpoint (distillation)
     teacher_checkpoint: Optional[str] = None  # frozen teacher (distillation)
     objectives: Tuple[str, ...] = PRETRAIN_OBJECTIVES
-    loss_weights: Tuple[Tuple[str, float], ...] = (("itm", 1.0), ("mlm", 1.0), ("recovery", 1.0), ("distill", 1.0))
+    # MLM starts near ln(30k) = 10 nats from a random head; at weight 1 it dominates the clipped
+    # gradient and Adam's moments on the shared encoder, so it weighs less than ITM.
+    loss_weights: Tuple[Tuple[str, float], ...] = (("itm", 1.0), ("mlm", 0.3), ("recovery", 1.0), ("distill", 1.0))
     num_workers: int = 2
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
@@ -48,13 +52,18 @@ class TrainJobConfig:
     lr: float = 3e-4
     weight_decay: float = 0.05
     warmup_steps: int = 100
-    lr_decay: float = 0.9  # multiplied in once per epoch
+    min_lr_ratio: float = 0.1  # cosine decay ends at this share of lr
     k: int = 4  # hard negatives per sample and direction
     mining: Literal["topk", "sample"] = "topk"
     mining_temperature: float = 0.05
     negatives: NegativeSource = "in-batch"
     miner_url: Optional[str] = None
-    shuffle: bool = False  # False: table order (sorted by image id); True: local shuffle buffer
+    # "planned": each worker holds its shard and composes batches (shuffled, then a growing share
+    # of near-neighbour clusters: training/sampler.py); "stream": Ray Data streaming with a local
+    # shuffle buffer, for shards larger than a worker's memory.
+    batching: Literal["planned", "stream"] = "planned"
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    shuffle_buffer: int = 8192  # rows, stream batching only
     checkpoint_every: int = 200  # steps; a checkpoint is also written at each epoch's end
     log_every: int = 10
     keep_checkpoints: int = 2
@@ -70,6 +79,10 @@ class TrainJobConfig:
             raise ValueError("negatives='miner' needs miner_url")
         if self.negatives not in ("in-batch", "miner"):
             raise ValueError(f"negatives must be 'in-batch' or 'miner', got {self.negatives!r}")
+        if self.batching not in ("planned", "stream"):
+            raise ValueError(f"batching must be 'planned' or 'stream', got {self.batching!r}")
+        if self.batching == "stream" and self.curriculum.max_fraction > 0:
+            raise ValueError("neighbour-cluster batches need batching='planned'")
         if self.batch_size < 2:
             raise ValueError("batch_size must be at least 2 (negatives come from the batch)")
 

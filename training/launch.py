@@ -15,6 +15,7 @@ import fsspec
 
 from schemas.token_table import TableMetadata, expand_paths, read_metadata
 from training.config import ModelSpec, TrainJobConfig
+from training.sampler import CurriculumConfig
 
 
 def expand_tables(paths: Sequence[str]) -> List[str]:
@@ -61,6 +62,7 @@ def run(cfg: TrainJobConfig):
     trainer = TorchTrainer(
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,
+                           "batches_per_epoch": count_rows(paths) // (cfg.batch_size * cfg.num_workers),
                            "resume_candidates": checkpoint_candidates(storage, cfg.name)},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
@@ -69,6 +71,17 @@ def run(cfg: TrainJobConfig):
         datasets={"train": read_dataset(paths)},
     )
     return trainer.fit()
+
+
+def count_rows(paths: Sequence[str]) -> int:
+    """Rows in the tables, from their Parquet footers (no data read)."""
+    import pyarrow.parquet as pq
+    total = 0
+    for p in paths:
+        fs, path = fsspec.core.url_to_fs(p)
+        with fs.open(path, "rb") as f:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total
 
 
 def checkpoint_candidates(storage: str, name: str) -> List[Tuple[int, str]]:
@@ -138,14 +151,24 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--lr-decay", type=float, default=d.lr_decay, help="multiplier applied once per epoch")
+    p.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio,
+                   help="cosine decay from lr after warm-up down to this share of lr at the last step")
     p.add_argument("--k", type=int, default=d.k, help="hard negatives per sample and direction")
     p.add_argument("--mining", choices=["topk", "sample"], default=d.mining)
     p.add_argument("--mining-temperature", type=float, default=d.mining_temperature)
     p.add_argument("--negatives", choices=["in-batch", "miner"], default=d.negatives,
                    help="in-batch: mined among the batch gathered across workers; miner: POST /v1/negatives")
     p.add_argument("--miner-url", help="base url of the miner service (with --negatives miner)")
-    p.add_argument("--shuffle", action="store_true", help="local shuffle buffer (default: table order)")
+    p.add_argument("--batching", choices=["planned", "stream"], default=d.batching,
+                   help="planned: shuffled batches composed in each worker (with the cluster curriculum); "
+                   "stream: Ray Data streaming with a local shuffle buffer (shards beyond worker memory)")
+    p.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="rows (stream batching)")
+    c = CurriculumConfig()
+    p.add_argument("--cluster-fraction", type=float, default=c.max_fraction,
+                   help="final share of each batch drawn as clusters of near neighbours (ELIP hard batches)")
+    p.add_argument("--cluster-start", type=int, default=c.start, help="step at which clusters start")
+    p.add_argument("--cluster-end", type=int, default=c.end, help="step at which the cluster share is full")
+    p.add_argument("--cluster-size", type=int, default=c.cluster_size, help="images per neighbour cluster")
     p.add_argument("--objectives", nargs="+", default=list(objectives), choices=["itm", "mlm", "recovery", "distill"])
     p.add_argument("--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), default=[],
                    help="weight of one objective (default 1.0)")
@@ -185,9 +208,11 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
         init_encoder_from=a.init_encoder_from, teacher_checkpoint=a.teacher, objectives=tuple(a.objectives),
         loss_weights=tuple(sorted(weights.items())), num_workers=a.num_workers, use_gpu=a.use_gpu,
         cpus_per_worker=a.cpus_per_worker, batch_size=a.batch_size, epochs=a.epochs, max_steps=a.max_steps,
-        lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, lr_decay=a.lr_decay, k=a.k,
+        lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, min_lr_ratio=a.min_lr_ratio, k=a.k,
         mining=a.mining, mining_temperature=a.mining_temperature, negatives=a.negatives, miner_url=a.miner_url,
-        shuffle=a.shuffle, checkpoint_every=a.checkpoint_every, log_every=a.log_every,
+        batching=a.batching, shuffle_buffer=a.shuffle_buffer,
+        curriculum=CurriculumConfig(a.cluster_fraction, a.cluster_start, a.cluster_end, a.cluster_size),
+        checkpoint_every=a.checkpoint_every, log_every=a.log_every,
         keep_checkpoints=a.keep_checkpoints, seed=a.seed)
 
 

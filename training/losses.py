@@ -38,8 +38,13 @@ def recovery_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return (1 - F.cosine_similarity(predicted, target.to(predicted.dtype), dim=-1)).mean()
 
 
-def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Local-to-compressed distillation: BCE(sigmoid(student), sigmoid(teacher))."""
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, b: int, k: int) -> torch.Tensor:
+    """Local-to-compressed distillation: BCE(sigmoid(student), sigmoid(teacher)), the three pair groups
+    (b positives, b*k negative images, b*k negative texts) averaged equally, as in the official code:
+    one mean over all b + 2bk pairs would give the positives a weight of 1 / (2k + 1)."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student {list(student_logits.shape)} and teacher {list(teacher_logits.shape)} logits differ")
-    return F.binary_cross_entropy_with_logits(student_logits, torch.sigmoid(teacher_logits.detach()))
+    if student_logits.shape != (b + 2 * b * k,):
+        raise ValueError(f"distillation expects b + 2bk = {b + 2 * b * k} logits, got {list(student_logits.shape)}")
+    bce = F.binary_cross_entropy_with_logits(student_logits, torch.sigmoid(teacher_logits.detach()), reduction="none")
+    return (bce[:b].mean() + bce[b:b + b * k].mean() + bce[b + b * k:].mean()) / 3

@@ -57,7 +57,7 @@ class EDJEObjectives(nn.Module):
         if "distill" in self.objectives:
             if teacher_logits is None:
                 raise ValueError("the distill objective needs teacher logits")
-            out["loss_distill"] = distillation_loss(logits, teacher_logits)
+            out["loss_distill"] = distillation_loss(logits, teacher_logits, b, k)
             total = total + self.weights.get("distill", 1.0) * out["loss_distill"]
         out["loss"] = total
         return out

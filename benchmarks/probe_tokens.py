@@ -1,0 +1,96 @@
+"""Probe what a frozen backbone's tokens and pooled embedding know: colour and shape, global and local.
+
+Fits ridge probes on the train images of a sample world and scores them on its test images
+(evaluation/probes.py says which probes). Example, on a world seed that no training run used:
+
+  python benchmarks/probe_tokens.py --seed 7 --backbone edje-tiny-convvit \
+      --pretrained checkpoints/edje-tiny-convvit-sw.safetensors --train-images 3000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from evaluation.annotations import load_images  # noqa: E402
+from evaluation.probes import run_probes  # noqa: E402
+from model.backbone import VisionBackbone  # noqa: E402
+from sampleworld import WorldConfig, generate, load_world  # noqa: E402
+from schemas.config import BackboneConfig  # noqa: E402
+
+# What issue 9 asks of a backbone EDJE can rerank with.
+THRESHOLDS = {"colour_present": 98.0, "local_colour": 98.0, "shape_present": 95.0, "local_shape": 90.0}
+
+
+@torch.no_grad()
+def encode_split(backbone: VisionBackbone, world, split: str, limit: int, batch: int = 256) -> tuple:
+    """(tokens [N, n, d], pooled [N, e], scenes) of the first ``limit`` images of ``split``."""
+    records = [r for r in world.images if r.split == split][:limit]
+    pixels = load_images([world.image_path(r.image_id) for r in records])
+    toks, embs = [], []
+    for i in range(0, len(pixels), batch):
+        t, e = backbone.encode(torch.from_numpy(pixels[i:i + batch]))
+        toks.append(t.float().numpy())
+        embs.append(e.numpy())
+    return np.concatenate(toks), np.concatenate(embs), [r.scene for r in records]
+
+
+def probe_backbone(cfg: BackboneConfig, world_dir: str | Path, train_images: int, test_images: int) -> dict:
+    """Encode a world's train and test images with the backbone and run every probe."""
+    backbone = VisionBackbone.create(cfg)
+    world = load_world(world_dir)
+    start = time.time()
+    results = run_probes(encode_split(backbone, world, "train", train_images),
+                         encode_split(backbone, world, "test", test_images))
+    rows = [r.as_dict() for r in results]
+    for r in rows:
+        r["threshold"] = THRESHOLDS[r["name"]]
+        r["passes"] = r["accuracy"] >= r["threshold"]
+    return {"backbone": cfg.name, "pretrained": cfg.pretrained, "feature_layer": cfg.feature_layer,
+            "world": str(world_dir), "seconds": round(time.time() - start, 1), "probes": rows}
+
+
+def main(argv=None) -> int:
+    """CLI: print a probe table (and JSON with --json); exit 1 when a threshold is missed and --check is given."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", help="a generated world folder; default: generate --seed into a temp folder")
+    p.add_argument("--seed", type=int, default=7, help="world seed when --world is not given")
+    p.add_argument("--backbone", default="edje-tiny-convvit")
+    p.add_argument("--pretrained", default=None, help="checkpoint path or tag (default: none, random weights)")
+    p.add_argument("--feature-layer", choices=("final", "penultimate"), default="final")
+    p.add_argument("--train-images", type=int, default=3000)
+    p.add_argument("--test-images", type=int, default=1000)
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--check", action="store_true", help="exit 1 when a probe misses its threshold")
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        world = a.world
+        if world is None:
+            world = generate(WorldConfig(seed=a.seed, n_train=a.train_images, n_val=0, n_test=a.test_images),
+                             Path(tmp) / "world").root
+        cfg = BackboneConfig(a.backbone, pretrained=a.pretrained, feature_layer=a.feature_layer)
+        result = probe_backbone(cfg, world, a.train_images, a.test_images)
+    result["world_seed"] = None if a.world else a.seed
+    print(f"{'probe':16s} {'acc %':>7s} {'base %':>7s} {'goal %':>7s}")
+    for r in result["probes"]:
+        print(f"{r['name']:16s} {r['accuracy']:7.1f} {r['baseline']:7.1f} {r['threshold']:7.1f}"
+              f"  {'pass' if r['passes'] else 'FAIL'}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 1 if a.check and not all(r["passes"] for r in result["probes"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
