@@ -3,7 +3,8 @@
 Prints, from one run, measured side by side:
 1. p50/p99 latency of a 100-document /v1/rerank over HTTP against the bare in-process call
    (token store gather + decode + `model.encoder.score`), calls interleaved, same thread count;
-2. pairs/s over HTTP at concurrency 1, 8 and 32, with and without `@serve.batch`;
+2. pairs/s over HTTP at concurrency 1, 8, 32 and 128, with and without `@serve.batch`, each
+   figure with the 1-minute load average at its start and end (a busy machine reads low);
 3. joint-encoder pairs/s in-process for compressed-64, local-576, a text-only MiniLM
    cross-encoder of the same size over 64-wordpiece documents, and a BLIP-style path that runs
    the vision backbone online for every pair (then adapter + joint encoder).
@@ -153,17 +154,22 @@ def bench_http(args, out: dict) -> None:
         unbatched = replace(cfg, dynamic_batching=False, reranker=DeploymentResources(num_cpus=0, max_ongoing_requests=256))
         serve.run(build(unbatched), name="bench-unbatched", route_prefix="/unbatched")
         urls = {True: url, False: f"http://127.0.0.1:{port}/unbatched/v1/rerank"}
-        rows, tput = [], {}
+        rows, tput, load = [], {}, {}
         for c in args.concurrency:
             for batching in (True, False):
+                before = os.getloadavg()[0]
                 tput[(batching, c)] = asyncio.run(throughput(urls[batching], corpus.image_ids, queries, c, args.docs_per_request,
                                                              max(args.min_requests, args.requests_per_worker * c)))
-            rows.append((str(c), f"{tput[(True, c)]:.0f}", f"{tput[(False, c)]:.0f}", f"{tput[(True, c)] / tput[(False, c)]:.2f}"))
+                load[(batching, c)] = (before, os.getloadavg()[0])
+            rows.append((str(c), f"{tput[(True, c)]:.0f}", f"{tput[(False, c)]:.0f}", f"{tput[(True, c)] / tput[(False, c)]:.2f}",
+                         "{:.1f}-{:.1f} / {:.1f}-{:.1f}".format(*load[(True, c)], *load[(False, c)])))
         out["throughput_pairs_per_s"] = {f"c{c}": dict(batching=tput[(True, c)], no_batching=tput[(False, c)],
-                                                      ratio=tput[(True, c)] / tput[(False, c)]) for c in args.concurrency}
+                                                      ratio=tput[(True, c)] / tput[(False, c)],
+                                                      load_avg_1m_batching=load[(True, c)],
+                                                      load_avg_1m_no_batching=load[(False, c)]) for c in args.concurrency}
         out["throughput_docs_per_request"] = args.docs_per_request
         print_table(f"HTTP throughput, {args.docs_per_request} documents per request (pairs/s)", rows,
-                    ("concurrency", "@serve.batch", "no batching", "ratio"))
+                    ("concurrency", "@serve.batch", "no batching", "ratio", "load avg 1m (start-end) batch / none"))
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -308,7 +314,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--images", type=int, default=1000)
     p.add_argument("--latency-reps", type=int, default=40)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--docs-per-request", type=int, default=4)
     p.add_argument("--requests-per-worker", type=int, default=4)
     p.add_argument("--min-requests", type=int, default=48)
@@ -322,6 +328,7 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     out: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+                 "load_avg_at_start": os.getloadavg(),
                  "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}
     print(f"# bench_serving: {out['machine']}, device {out['device_name']}, threads {args.threads}")
     parts = args.parts.split(",")

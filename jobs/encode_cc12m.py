@@ -23,6 +23,11 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from schemas.encode_job import EncodeJobConfig  # noqa: E402
+from schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS, shipped_weights  # noqa: E402
+
+
+class WeightsError(ValueError):
+    """The backbone would run with random weights without being asked to."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--s3-endpoint", help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, moto); "
                     "credentials come from the usual AWS_* environment variables")
     m = p.add_argument_group("model")
-    m.add_argument("--backbone", help="open_clip model name (default: the adapter checkpoint's, else edje-tiny-clip)")
-    m.add_argument("--pretrained", help="open_clip pretrained tag or local checkpoint path (default: random weights, "
-                   "or the adapter checkpoint's)")
+    m.add_argument("--backbone", help=f"open_clip model name (default: the adapter checkpoint's, else {DEFAULT_BACKBONE})")
+    m.add_argument("--pretrained", help="open_clip pretrained tag or local checkpoint path (default: the adapter "
+                   "checkpoint's, else the weights the repository ships for the backbone: "
+                   + ", ".join(f"{k} -> {v}" for k, v in SHIPPED_BACKBONE_WEIGHTS.items()) + ")")
+    m.add_argument("--random-weights", action="store_true", help="encode with a randomly initialised backbone "
+                   "(tests and benchmarks only); without it a backbone with no weights is refused")
     m.add_argument("--feature-layer", choices=["final", "penultimate"], help="which backbone tokens to store "
                    "(default: the adapter checkpoint's, else final)")
     m.add_argument("--adapter", help="EDJE checkpoint dir: store its adapter's output (compressed tables). "
@@ -83,10 +91,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_weights(backbone: str | None, pretrained: str | None, adapter: str | None, random_weights: bool) -> str | None:
+    """The backbone weights to encode with: given, the adapter checkpoint's, shipped, or (asked for) none."""
+    if random_weights and (pretrained or adapter):
+        raise WeightsError("--random-weights contradicts --pretrained / --adapter, which name weights")
+    if pretrained or adapter:
+        return pretrained  # an adapter checkpoint records its backbone's weights (pipeline.encode.resolve_backbone)
+    if random_weights:
+        return None
+    name = backbone or DEFAULT_BACKBONE
+    weights = shipped_weights(name)
+    if weights is None:
+        raise WeightsError(f"backbone {name!r} has no weights: give --pretrained (an open_clip tag or a checkpoint "
+                           f"path), or --random-weights to encode with random initialisation on purpose")
+    return weights
+
+
 def config_from_args(argv=None) -> EncodeJobConfig:
-    """Parse the command line into an EncodeJobConfig."""
-    args = build_parser().parse_args(argv)
-    return EncodeJobConfig(**{k: v for k, v in vars(args).items()})
+    """Parse the command line into an EncodeJobConfig (backbone weights resolved by resolve_weights)."""
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    random_weights = args.pop("random_weights")
+    try:
+        args["pretrained"] = resolve_weights(args["backbone"], args["pretrained"], args["adapter"], random_weights)
+    except WeightsError as e:
+        parser.error(str(e))
+    return EncodeJobConfig(**args)
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,8 @@ Serve applications outlive the driver, so the job ends once the application is h
 127.0.0.1 unless --host says otherwise. The bearer token, if any, is read from the environment
 variable named by --auth-token-env (never from the command line, which `ray job` records).
 Without --checkpoint only the hard-negative miner is served (for pretraining before a checkpoint).
+Start-up tolerates a busy machine (serving.startup): the proxy's health checks get --proxy-timeout
+seconds, a failed start is retried --start-attempts times, and a final failure exits 2 with the reason.
 """
 from __future__ import annotations
 
@@ -89,32 +91,36 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--route-prefix", default="/")
     p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or 'auto'; 'local' starts one)")
     p.add_argument("--block", action="store_true", help="keep the driver alive (for a local cluster)")
+    p.add_argument("--proxy-timeout", type=float, default=60.0,
+                   help="seconds Serve's HTTP proxy may take to answer a health check (Serve's own default: 5)")
+    p.add_argument("--start-attempts", type=int, default=3, help="tries to bring Serve up before giving up")
     return p.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Deploy, wait for health, print where it listens."""
-    import ray
-    import requests
-    from ray import serve
-
+    """Deploy, wait for health (retrying a failed start), print where it listens."""
     from serving.app import build
+    from serving.startup import ServeStartError, StartupConfig, init_ray, start_serve
 
     args = parse(argv)
     cfg = config_from_args(args)
-    ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "auto")
-    # http_options only take effect when Serve starts here; an already running Serve keeps its own.
-    # A proxy on every node: Ray Train workers reach the miner on their own node's loopback.
-    serve.start(proxy_location="EveryNode", http_options={"host": args.host, "port": args.port})
-    started = time.time()
-    serve.run(build(cfg), name=args.name, route_prefix=args.route_prefix, blocking=False)
+    startup = StartupConfig(proxy_ready_timeout_s=args.proxy_timeout, proxy_health_timeout_s=args.proxy_timeout,
+                            attempts=args.start_attempts)
+    init_ray(args.address or os.environ.get("RAY_ADDRESS") or "auto", startup,
+             env={"HF_HUB_OFFLINE": "1", "NO_ALBUMENTATIONS_UPDATE": "1"})
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}{args.route_prefix.rstrip('/')}"
-    health = requests.get(url + "/healthz", timeout=30)
-    health.raise_for_status()
+    started = time.time()
+    try:
+        attempts = start_serve(lambda: build(cfg), args.name, args.route_prefix, args.host, args.port, url, startup)
+    except ServeStartError as e:
+        print(f"[serve] {e}", file=sys.stderr)
+        return 2
     print(json.dumps({"application": args.name, "url": url, "ready_s": round(time.time() - started, 1),
-                      "checkpoint": cfg.checkpoint, "token_tables": len(cfg.token_tables),
-                      "auth": cfg.resolved_auth_token() is not None}))
+                      "attempts": attempts, "checkpoint": cfg.checkpoint, "token_tables": len(cfg.token_tables),
+                      "auth": cfg.resolved_auth_token() is not None}), flush=True)
     if args.block:
+        from ray import serve
+
         try:
             while True:
                 time.sleep(3600)

@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from schemas.config import EDJEConfig
 from schemas.token_table import TableMetadata, build_table, write_token_table
@@ -55,8 +56,8 @@ def write_random_corpus(out_dir: str, config: EDJEConfig, num_images: int = 48, 
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
     backbone = VisionBackbone.create(config.backbone)
-    weights = os.path.join(out_dir, "backbone.pt")
-    torch.save(backbone.clip.state_dict(), weights)
+    weights = os.path.join(out_dir, "backbone.safetensors")  # like every artefact: no pickle
+    save_file({k: v.contiguous() for k, v in backbone.clip.state_dict().items()}, weights)
     bcfg = dataclasses.replace(config.backbone, pretrained=weights)
     config = dataclasses.replace(config, backbone=bcfg)
     model = EDJEModel(config).eval()

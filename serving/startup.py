@@ -1,0 +1,112 @@
+"""Starting Serve on a busy machine: project-set proxy health checks, a bounded retry, a clear failure.
+
+Ray Serve's defaults give the HTTP proxy 5 s to answer its readiness check, three times, then kill
+it; beside a training or encoding job that keeps every core busy, a proxy actor can take longer
+than that just to be scheduled, and `serve.start` dies with ActorDiedError. The proxy's checks are
+read from environment variables by the Serve controller, so they are set for the driver (a local
+Ray started here inherits them) and in the job's runtime_env (a controller started on a running
+cluster gets them). Replica health checks are deployment options (serving.config.DeploymentResources).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+log = logging.getLogger(__name__)
+
+
+class ServeStartError(RuntimeError):
+    """Serve did not come up healthy within the configured attempts; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class StartupConfig:
+    """How patiently Serve is started."""
+
+    proxy_ready_timeout_s: float = 60.0  # Serve's default is 5 s
+    proxy_health_timeout_s: float = 60.0  # Serve's default is 10 s
+    proxy_health_period_s: float = 20.0  # Serve's default is 10 s
+    attempts: int = 3
+    retry_wait_s: float = 5.0
+    healthy_timeout_s: float = 300.0  # per attempt: until GET /healthz answers 200
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        if min(self.proxy_ready_timeout_s, self.proxy_health_timeout_s, self.proxy_health_period_s) <= 0:
+            raise ValueError("proxy timeouts and period must be > 0")
+
+    def env(self) -> Dict[str, str]:
+        """The Serve controller's environment variables for the proxy's health checks."""
+        return {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(self.proxy_ready_timeout_s),
+                "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": str(self.proxy_health_timeout_s),
+                "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": str(self.proxy_health_period_s)}
+
+
+def init_ray(address: str, startup: StartupConfig, env: Optional[Dict[str, str]] = None) -> None:
+    """ray.init with the proxy settings in the driver's environment and the job's runtime_env."""
+    import ray
+
+    env_vars = {**(env or {}), **startup.env()}
+    os.environ.update(env_vars)  # a local Ray started by this call inherits them
+    ray.init(address=address, runtime_env={"env_vars": env_vars})
+
+
+def wait_healthy(url: str, timeout_s: float) -> None:
+    """Poll GET {url}/healthz until it answers 200; TimeoutError after timeout_s."""
+    import requests
+
+    deadline, last = time.time() + timeout_s, "no answer"
+    while time.time() < deadline:
+        try:
+            r = requests.get(url + "/healthz", timeout=10)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except requests.RequestException as e:
+            last = type(e).__name__
+        time.sleep(1.0)
+    raise TimeoutError(f"{url}/healthz did not answer 200 within {timeout_s:.0f} s (last: {last})")
+
+
+def start_serve(build: Callable[[], object], name: str, route_prefix: str, host: str, port: int, url: str,
+                startup: StartupConfig) -> int:
+    """serve.start + serve.run + wait for /healthz, up to startup.attempts times; returns the attempts used."""
+    from ray import serve
+
+    errors = []
+    for attempt in range(1, startup.attempts + 1):
+        try:
+            # http_options only take effect when Serve starts here; an already running Serve keeps its own.
+            # A proxy on every node: Ray Train workers reach the miner on their own node's loopback.
+            serve.start(proxy_location="EveryNode", http_options={"host": host, "port": port})
+            serve.run(build(), name=name, route_prefix=route_prefix, blocking=False)
+            wait_healthy(url, startup.healthy_timeout_s)
+            return attempt
+        except Exception as e:  # noqa: BLE001 - proxy/controller deaths come as several Ray types; all retried
+            if _is_config_error(e):
+                raise
+            errors.append(f"attempt {attempt}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            log.warning("Serve start-up %s", errors[-1])
+            try:
+                serve.shutdown()  # a half-started controller or proxy would answer the next attempt
+            except Exception:  # noqa: BLE001 - best effort: it may be dead already
+                pass
+            if attempt < startup.attempts:
+                time.sleep(startup.retry_wait_s * attempt)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    raise ServeStartError(
+        f"Ray Serve did not come up healthy in {startup.attempts} attempts "
+        f"(proxy ready check {startup.proxy_ready_timeout_s:.0f} s, /healthz wait {startup.healthy_timeout_s:.0f} s). "
+        f"Load average {load:.1f} on {os.cpu_count()} CPUs: other processes may hold every core. Free CPUs, or raise "
+        f"--proxy-timeout / --start-attempts. Errors: " + " | ".join(errors))
+
+
+def _is_config_error(e: BaseException) -> bool:
+    """Errors that another attempt cannot fix (bad paths, mismatched tables, bad options)."""
+    from schemas.token_table import TableMismatchError
+
+    return isinstance(e, (TableMismatchError, FileNotFoundError, ValueError, TypeError))

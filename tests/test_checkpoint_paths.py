@@ -1,0 +1,41 @@
+"""Shipped checkpoints carry no machine paths: their config.json must read the same on any clone."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _absolute_paths(value, where=""):
+    """(key path, value) of every string in a JSON tree that is an absolute filesystem path."""
+    if isinstance(value, dict):
+        return [hit for k, v in value.items() for hit in _absolute_paths(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [hit for n, v in enumerate(value) for hit in _absolute_paths(v, f"{where}[{n}]")]
+    return [(where, value)] if isinstance(value, str) and value.startswith("/") else []
+
+
+CONFIGS = sorted(ROOT.glob("checkpoints/*/config.json"))
+
+
+# The writer is model.edje.save_checkpoint (the model owner's file): it records model.config's
+# encoder.tokenizer as given (the venv's MiniLM copy) although the tokenizer is saved inside the
+# checkpoint. Strict: once the writer is fixed and the checkpoints re-exported, this marker must go.
+@pytest.mark.xfail(strict=True, reason="save_checkpoint records the absolute tokenizer path (fix pending in model/edje.py)")
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.parent.name for c in CONFIGS])
+def test_shipped_checkpoint_config_has_no_absolute_paths(config):
+    hits = _absolute_paths(json.loads(config.read_text()))
+    assert not hits, f"{config.relative_to(ROOT)} records machine paths: {hits}"
+
+
+@pytest.mark.xfail(strict=True, reason="save_checkpoint records the absolute tokenizer path (fix pending in model/edje.py)")
+def test_saved_checkpoint_config_has_no_absolute_paths(tmp_path, tiny_edje_config):
+    from model.edje import EDJEModel, load_checkpoint, save_checkpoint
+
+    save_checkpoint(EDJEModel(tiny_edje_config), str(tmp_path / "ckpt"))
+    hits = _absolute_paths(json.loads((tmp_path / "ckpt" / "config.json").read_text()))
+    assert not hits, f"config.json records machine paths: {hits}"
+    load_checkpoint(str(tmp_path / "ckpt"))  # and it still loads

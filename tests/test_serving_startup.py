@@ -1,0 +1,140 @@
+"""Starting the application the ways a user does, as subprocesses with their own local Ray:
+`jobs/serve.py --address local` while two CPU hogs hold both cores, and `serve run serve_config.yaml`.
+Both must come up healthy, bound to loopback only."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from serving.random_corpus import write_random_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+HOGS_PER_CORE = 1  # every core busy: the situation of the issue (two CPU-bound processes on two cores)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def outside_address() -> str:
+    """This machine's address on its default route (not loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent, the kernel only picks a route
+        return s.getsockname()[0]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tiny_edje_config):
+    return write_random_corpus(str(tmp_path_factory.mktemp("startup")), tiny_edje_config, num_images=24)
+
+
+@pytest.fixture
+def cpu_hogs():
+    """One busy process per core (the situation in which Serve's default 5 s proxy check failed)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS_PER_CORE * (os.cpu_count() or 2))]
+    yield hogs
+    for h in hogs:
+        h.kill()
+        h.wait()
+
+
+def _env() -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env.pop("RAY_ADDRESS", None)  # never an already running cluster
+    return env
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+        try:
+            if requests.get(url + "/healthz", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"not healthy within {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)  # the driver shuts Serve and its local Ray down
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _assert_loopback_only(port: int) -> None:
+    outside = outside_address()
+    if outside.startswith("127."):
+        pytest.skip("no non-loopback address on this machine")
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://{outside}:{port}/healthz", timeout=5)
+
+
+def test_serve_job_starts_under_cpu_load_and_binds_loopback(corpus, cpu_hogs, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, str(ROOT / "jobs" / "serve.py"), "--address", "local", "--checkpoint", corpus.checkpoint,
+           "--tokens", *corpus.compressed_tables, "--captions", corpus.raw_table, "--port", str(port), "--block"]
+    with open(log, "w") as out:  # no --host: the default must be loopback
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 540
+        while time.time() < deadline and '{"application"' not in log.read_text():
+            assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+            time.sleep(2)
+        ready = json.loads(next(line for line in log.read_text().splitlines() if line.startswith('{"application"')))
+        assert ready["url"] == url and ready["attempts"] >= 1
+        assert requests.get(url + "/healthz", timeout=30).status_code == 200
+        r = requests.post(url + "/v1/rerank", json={"query": corpus.captions[0], "documents": corpus.image_ids[:3]},
+                          timeout=120)
+        assert r.status_code == 200, r.text
+        _assert_loopback_only(port)
+    finally:
+        _stop(proc)
+
+
+def test_serve_run_of_the_shipped_config_file(corpus, tmp_path):
+    """`serve run serve_config.yaml` as shipped, its demo paths pointed at a corpus and its port at a free one."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    args = config["applications"][0]["args"]
+    args.update(checkpoint=corpus.checkpoint, token_tables=corpus.compressed_tables, caption_sources=[corpus.raw_table])
+    assert config["http_options"]["host"] == "127.0.0.1"
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp_path / "serve_run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", str(path), "--address", "local"],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(proc, url, log, 540)
+        r = requests.post(url + "/v1/negatives", json={"pairs": [{"image_id": corpus.image_ids[0],
+                                                                  "caption": corpus.captions[0]}], "k": 2}, timeout=120)
+        assert r.status_code == 200 and len(r.json()["negatives"][0]["negative_images"]) == 2, r.text
+        r = requests.post(url + "/v1/rerank", json={"query": corpus.captions[0], "documents": corpus.image_ids[:3]},
+                          timeout=120)
+        assert r.status_code == 200, r.text
+        _assert_loopback_only(port)
+    finally:
+        _stop(proc)
