@@ -78,7 +78,9 @@ def child_plan(input_dir: str, output: str, shard_size: int, scratch: str) -> di
     t0 = time.time()
     manifest, shards = plan_job(cfg, output, input_dir, None, META, {})
     seconds = time.time() - t0
-    return {"rows": manifest.rows_in, "kept": manifest.rows_kept, "shards": manifest.num_shards,
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = use.ru_utime + use.ru_stime  # all threads; on a shared machine the load-independent figure
+    return {"cpu_s": round(cpu, 2), "rows_per_cpu_s": round(manifest.rows_in / cpu),"rows": manifest.rows_in, "kept": manifest.rows_kept, "shards": manifest.num_shards,
             "failed": manifest.read_failed, "seconds": round(seconds, 2),
             "rows_per_s": round(manifest.rows_in / seconds), "rss_start_mb": round(rss0),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
@@ -93,16 +95,20 @@ def child_resume(input_dir: str, output: str, shard_size: int) -> dict:
 
     cfg = EncodeJobConfig(output=output, input=input_dir, url_col="URL", caption_col="TEXT", shard_size=shard_size)
     t0 = time.time()
+    use0 = resource.getrusage(resource.RUSAGE_SELF)
     manifest, shards = plan_job(cfg, output, input_dir, None, META, {})
     done = committed_shards(output)
     pending = [s for s in range(manifest.num_shards) if s not in done]
     resume_s = time.time() - t0
+    use1 = resource.getrusage(resource.RUSAGE_SELF)
+    resume_cpu = use1.ru_utime + use1.ru_stime - use0.ru_utime - use0.ru_stime
     t1 = time.time()
     record = storage.join(output, "stats", f"{10**9 - 1}.json")  # pipeline.write.stats_path's layout
     storage.write_json(record, {"shard": -1})  # one more commit record
     commit_s = time.time() - t1
     storage.remove(record)
     return {"committed": len(done), "pending": len(pending), "resume_s": round(resume_s, 3),
+            "resume_cpu_s": round(resume_cpu, 3),
             "commit_record_ms": round(commit_s * 1000, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
@@ -169,11 +175,12 @@ def main() -> None:
             for d in (lst, out, scratch):
                 shutil.rmtree(d, ignore_errors=True)
     base = results[0]
-    print("\nsize  rows        rows/s      peak RSS MB  RSS vs first  resume 0/50/99% (s)")
+    print("\nsize  rows        rows/s   rows/CPU-s  peak RSS MB  RSS vs first  resume 0/50/99% wall s (CPU s)")
     for r in results:
         res = "/".join(f"{r['resume'][k]['resume_s']:.2f}" for k in ("0%", "50%", "99%"))
-        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>11,} {r['peak_rss_mb']:>12} "
-              f"{r['peak_rss_mb'] / base['peak_rss_mb']:>12.2f}x  {res}")
+        cpu = "/".join(f"{r['resume'][k]['resume_cpu_s']:.2f}" for k in ("0%", "50%", "99%"))
+        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>8,} {r['rows_per_cpu_s']:>11,} {r['peak_rss_mb']:>12} "
+              f"{r['peak_rss_mb'] / base['peak_rss_mb']:>12.2f}x  {res} ({cpu})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -34,3 +34,16 @@ def test_schema_rejects_a_broken_config():
     cfg["available_node_types"]["gpu_worker"]["min_workers"] = "one"
     with pytest.raises(jsonschema.ValidationError):
         validate_config(prepare_config(cfg))
+
+
+def test_defaults_are_filled_then_the_whole_config_validates():
+    raw = _config()
+    filled = prepare_config(raw)
+    # prepare_config merged the autoscaler's own defaults in: these keys come from Ray, not from our file
+    for key in ("docker", "file_mounts_sync_continuously", "cluster_synced_files"):
+        assert key not in raw and key in filled
+    validate_config(filled)
+    assert filled["available_node_types"]["gpu_worker"]["max_workers"] == filled["max_workers"] == 16
+    filled["head_node_type"] = "no_such_type"  # the schema plus Ray's own cross-checks refuse it
+    with pytest.raises(ValueError):
+        validate_config(filled)
