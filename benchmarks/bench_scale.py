@@ -64,6 +64,7 @@ def generate(folder: Path, rows: int, part_rows: int, chunk: int = 1_000_000) ->
                 empty = pa.array(rng.random(n) < 0.0005)
                 text = pc.if_else(empty, pa.scalar("  ", pa.string()), text)
                 w.write_table(pa.table({"URL": url, "TEXT": text}), row_group_size=256_000)
+    (folder / "_COMPLETE").write_text("")  # a list cut short by a killed run is never reused
     return sum(f.stat().st_size for f in folder.iterdir()) / 1e9
 
 
@@ -83,7 +84,8 @@ def child_plan(input_dir: str, output: str, shard_size: int, scratch: str) -> di
     return {"cpu_s": round(cpu, 2), "rows_per_cpu_s": round(manifest.rows_in / cpu),"rows": manifest.rows_in, "kept": manifest.rows_kept, "shards": manifest.num_shards,
             "failed": manifest.read_failed, "seconds": round(seconds, 2),
             "rows_per_s": round(manifest.rows_in / seconds), "rss_start_mb": round(rss0),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "arrow_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20)}
 
 
 def child_resume(input_dir: str, output: str, shard_size: int) -> dict:
@@ -155,7 +157,9 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
         scratch.mkdir(parents=True)
         t = time.time()
-        gb = generate(lst, n, args.part_rows) if not (lst / "part-00000.parquet").exists() else \
+        if not (lst / "_COMPLETE").exists():
+            shutil.rmtree(lst, ignore_errors=True)
+        gb = generate(lst, n, args.part_rows) if not (lst / "_COMPLETE").exists() else \
             sum(f.stat().st_size for f in lst.iterdir()) / 1e9
         print(f"[{size}] list: {gb:.2f} GB of Parquet in {time.time() - t:.0f} s", flush=True)
         r = run_child(["--child", str(lst), str(out), str(args.shard_size), str(scratch)])
@@ -175,12 +179,12 @@ def main() -> None:
             for d in (lst, out, scratch):
                 shutil.rmtree(d, ignore_errors=True)
     base = results[0]
-    print("\nsize  rows        rows/s   rows/CPU-s  peak RSS MB  RSS vs first  resume 0/50/99% wall s (CPU s)")
+    print("\nsize  rows        rows/s   rows/CPU-s  peak RSS MB (Arrow)  RSS vs first  resume 0/50/99% wall s (CPU s)")
     for r in results:
         res = "/".join(f"{r['resume'][k]['resume_s']:.2f}" for k in ("0%", "50%", "99%"))
         cpu = "/".join(f"{r['resume'][k]['resume_cpu_s']:.2f}" for k in ("0%", "50%", "99%"))
-        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>8,} {r['rows_per_cpu_s']:>11,} {r['peak_rss_mb']:>12} "
-              f"{r['peak_rss_mb'] / base['peak_rss_mb']:>12.2f}x  {res} ({cpu})")
+        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>8,} {r['rows_per_cpu_s']:>11,} {r['peak_rss_mb']:>12} ({r['arrow_peak_mb']}) "
+              f"{r['peak_rss_mb'] / base['peak_rss_mb']:>8.2f}x  {res} ({cpu})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
