@@ -94,6 +94,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--proxy-timeout", type=float, default=60.0,
                    help="seconds Serve's HTTP proxy may take to answer a health check (Serve's own default: 5)")
     p.add_argument("--start-attempts", type=int, default=3, help="tries to bring Serve up before giving up")
+    p.add_argument("--ready-timeout", type=float, default=300.0,
+                   help="seconds per attempt until GET /healthz answers 200 (default %(default)s)")
     return p.parse_args(argv)
 
 
@@ -105,7 +107,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse(argv)
     cfg = config_from_args(args)
     startup = StartupConfig(proxy_ready_timeout_s=args.proxy_timeout, proxy_health_timeout_s=args.proxy_timeout,
-                            attempts=args.start_attempts)
+                            attempts=args.start_attempts, healthy_timeout_s=args.ready_timeout)
     init_ray(args.address or os.environ.get("RAY_ADDRESS") or "auto", startup,
              env={"HF_HUB_OFFLINE": "1", "NO_ALBUMENTATIONS_UPDATE": "1"})
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}{args.route_prefix.rstrip('/')}"

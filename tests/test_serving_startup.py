@@ -138,3 +138,16 @@ def test_serve_run_of_the_shipped_config_file(corpus, tmp_path):
         _assert_loopback_only(port)
     finally:
         _stop(proc)
+
+
+def test_a_start_that_cannot_succeed_is_retried_then_refused_with_the_reason(corpus, tmp_path):
+    """A proxy that can never pass its readiness check: bounded attempts, exit 2, a message that says what to do."""
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "jobs" / "serve.py"), "--address", "local", "--checkpoint", corpus.checkpoint,
+           "--tokens", *corpus.compressed_tables, "--port", str(port), "--proxy-timeout", "0.001",
+           "--start-attempts", "2", "--ready-timeout", "20"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=600)
+    assert run.returncode == 2, (run.stdout + run.stderr)[-4000:]
+    message = next(line for line in run.stderr.splitlines() if line.startswith("[serve]"))
+    assert "did not come up healthy in 2 attempts" in message and "attempt 1:" in message and "attempt 2:" in message
+    assert "--proxy-timeout" in message and "Load average" in message
