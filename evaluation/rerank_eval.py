@@ -23,6 +23,7 @@ from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers, with
 from model.backbone import VisionBackbone
 from model.codecs import TokenCodec
 from model.edje import EDJEModel, load_checkpoint
+from model.ranking import RankingConfig, read_ranking, write_ranking
 from schemas.config import BackboneConfig, CodecConfig
 from schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, read_token_tables, vector_matrix
 
@@ -37,7 +38,10 @@ class EvalConfig:
     checkpoint: Optional[str] = None
     k: int = 10
     backbone_only: bool = False
-    first_stage_weight: float = 0.0  # > 0: rerank by ITM logit + weight * first-stage similarity
+    # None: the checkpoint's ranking rule (model/ranking.py); a number overrides it for this run.
+    first_stage_weight: Optional[float] = None
+    # Choose the fusion weight on these annotations (a validation split!) and record it in the checkpoint.
+    fit_first_stage_weight: bool = False
     quant: Optional[str] = None  # raw tables only: round-trip adapter output through this codec
     group_size: Optional[int] = None
     backbone_pretrained: Optional[str] = None  # override the tables' pretrained path (e.g. moved checkpoint)
@@ -51,6 +55,8 @@ class EvalConfig:
             raise ValueError("evaluation needs --checkpoint unless --backbone-only")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.fit_first_stage_weight and self.first_stage_weight is not None:
+            raise ValueError("give a first-stage weight or fit one, not both")
 
 
 @dataclass
@@ -147,20 +153,38 @@ def evaluate(cfg: EvalConfig) -> Dict:
         k = min(cfg.k, ann.num_images)
         t = time.time()
         q = np.repeat(np.arange(len(ann.captions)), k)
-        s = score_pairs(model, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images, cfg.batch_size).reshape(-1, k)
-        t2i.reranked = rerank(t2i_idx, k, s + cfg.first_stage_weight * t2i_sim[:, :k])
+        s_t2i = score_pairs(model, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images, cfg.batch_size).reshape(-1, k)
         timings["rerank_t2i_s"] = round(time.time() - t, 2)
         t = time.time()
         kc = min(cfg.k, len(ann.captions))
         caps = i2t_idx[:, :kc].reshape(-1)
-        s = score_pairs(model, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images, cfg.batch_size).reshape(-1, kc)
-        i2t.reranked = rerank(i2t_idx, kc, s + cfg.first_stage_weight * i2t_sim[:, :kc])
+        s_i2t = score_pairs(model, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images, cfg.batch_size).reshape(-1, kc)
         timings["rerank_i2t_s"] = round(time.time() - t, 2)
         timings["pairs_scored"] = int(len(ann.captions) * k + ann.num_images * kc)
+
+        def ranked(rule: RankingConfig):
+            return (rerank(t2i_idx, k, rule.fuse(s_t2i, t2i_sim[:, :k])),
+                    rerank(i2t_idx, kc, rule.fuse(s_i2t, i2t_sim[:, :kc])))
+
+        if cfg.fit_first_stage_weight:
+            ranking, sweep = fit_first_stage_weight(ranked, t2i.answers, i2t.answers, str(cfg.annotations))
+            write_ranking(cfg.checkpoint, ranking)
+            timings["first_stage_weight_sweep"] = sweep
+        elif cfg.first_stage_weight is not None:
+            ranking = RankingConfig(cfg.first_stage_weight, chosen_on="given on the command line")
+        else:
+            ranking = read_ranking(cfg.checkpoint)
+        t2i.reranked, i2t.reranked = ranked(ranking)
+        itm_only = ranked(RankingConfig(0.0))
     metrics = {
         name: {"first_stage": recall(st.first, st.answers), "reranked": recall(st.reranked, st.answers)}
         for name, st in (("t2i", t2i), ("i2t", i2t))
     }
+    if model is not None:
+        metrics["ranking"] = asdict(ranking)
+        if ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
+            for name, st, order in (("t2i", t2i, itm_only[0]), ("i2t", i2t, itm_only[1])):
+                metrics[name]["reranked_itm_only"] = recall(order, st.answers)
     families = family_groups(ann)
     if families is not None:
         # Items ranked: images for text->image, captions (grouped by their image's family) for image->text.
@@ -182,6 +206,19 @@ def evaluate(cfg: EvalConfig) -> Dict:
     return metrics
 
 
+FUSION_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+
+def fit_first_stage_weight(ranked, t2i_answers, i2t_answers, where: str):
+    """The fusion weight with the best T2I + I2T R@1 on this split (ties: the smaller weight)."""
+    sweep = {}
+    for w in FUSION_WEIGHTS:
+        t2i_rank, i2t_rank = ranked(RankingConfig(w))
+        sweep[w] = recall(t2i_rank, t2i_answers)["r1"] + recall(i2t_rank, i2t_answers)["r1"]
+    best = max(FUSION_WEIGHTS, key=lambda w: (sweep[w], -w))
+    return RankingConfig(best, chosen_on=where), {str(w): round(v, 2) for w, v in sweep.items()}
+
+
 def family_groups(ann: Annotations) -> Optional[np.ndarray]:
     """Family id of each annotation image when a sample world's world.json lies beside the annotations."""
     world = ann.path.parent / "world.json"
@@ -196,14 +233,19 @@ def family_groups(ann: Annotations) -> Optional[np.ndarray]:
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
     """Recall before and after reranking, both directions, as a Markdown table."""
     what = "backbone only" if cfg.backbone_only else f"EDJE `{cfg.checkpoint}` reranking top {cfg.k}"
+    if "ranking" in metrics and metrics["ranking"]["first_stage_weight"]:
+        what += f" by ITM logit + {metrics['ranking']['first_stage_weight']:g} x first-stage cosine"
     if cfg.quant:
         what += f", tokens {cfg.quant}"
     lines = [f"Retrieval on `{cfg.annotations}` ({n_images} images, {n_captions} captions); {what}.", "",
              "| direction | stage | R@1 | R@5 | R@10 |", "| --- | --- | ---: | ---: | ---: |"]
     for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
-        for stage in ("first_stage", "reranked"):
+        for stage in ("first_stage", "reranked_itm_only", "reranked"):
+            if stage not in metrics[d]:
+                continue
             r = metrics[d][stage]
-            lines.append(f"| {label} | {stage.replace('_', ' ')} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} |")
+            name = {"reranked_itm_only": "reranked, ITM alone", "reranked": "reranked"}.get(stage, "first stage")
+            lines.append(f"| {label} | {name} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} |")
         gain = {k: metrics[d]["reranked"][k] - metrics[d]["first_stage"][k] for k in ("r1", "r5", "r10")}
         lines.append(f"| {label} | gain | {gain['r1']:+.2f} | {gain['r5']:+.2f} | {gain['r10']:+.2f} |")
     fam = [(d, metrics[d]["within_family"]) for d in ("t2i", "i2t") if "within_family" in metrics[d]]

@@ -29,8 +29,12 @@ def main(argv=None) -> None:
     p.add_argument("--k", type=int, default=10, help="first-stage candidates reranked per query")
     p.add_argument("--output", required=True)
     p.add_argument("--backbone-only", action="store_true", help="report the first stage alone")
-    p.add_argument("--add-first-stage-similarity", nargs="?", type=float, const=1.0, default=0.0, metavar="WEIGHT",
-                   help="rerank by ITM logit + WEIGHT x first-stage cosine (default weight 1)")
+    p.add_argument("--add-first-stage-similarity", type=float, default=None, metavar="WEIGHT",
+                   help="rank by ITM logit + WEIGHT x first-stage cosine instead of the checkpoint's own rule "
+                   "(the served ranking is the checkpoint's: see --fit-first-stage-weight)")
+    p.add_argument("--fit-first-stage-weight", action="store_true",
+                   help="choose the fusion weight on these annotations (use a validation split) and record it in "
+                   "the checkpoint, where evaluation and serving read it")
     p.add_argument("--quant", choices=["fp32", "fp16", "int8", "int4"],
                    help="raw tables: round-trip the adapter output through this token codec")
     p.add_argument("--group-size", type=int, help="int4 scale group size")
@@ -41,7 +45,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     a = p.parse_args(argv)
     cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
-                     backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity, quant=a.quant,
+                     backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity,
+                     fit_first_stage_weight=a.fit_first_stage_weight, quant=a.quant,
                      group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
                      max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads)
     metrics = evaluate(cfg)

@@ -39,7 +39,9 @@ def main(argv=None) -> None:
     p.add_argument("--neighbour-start", type=int, default=2, help="first epoch (1-based) with neighbour batches")
     p.add_argument("--mask-same-words", action="store_true",
                    help="leave captions with the same bag of words (binding twins) out of each other's softmax")
-    p.add_argument("--twin-groups", help="a sample world's world.json: a family's images are not each other's negatives")
+    p.add_argument("--world", help="a sample world's world.json: a family's images are not each other's negatives")
+    p.add_argument("--shape-caption-rate", type=float, default=0.0,
+                   help="share of captions replaced by training-only ones naming only the shapes (needs --world)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -48,7 +50,7 @@ def main(argv=None) -> None:
         batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, seed=a.seed,
         eval_every=a.eval_every, stop_after=a.stop_after, neighbour_fraction=a.neighbour_fraction,
         cluster_size=a.cluster_size, neighbour_start=a.neighbour_start, mask_same_words=a.mask_same_words,
-        twin_groups=a.twin_groups)
+        world=a.world, shape_caption_rate=a.shape_caption_rate)
     record = train_backbone(cfg)
     print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
 

@@ -71,6 +71,16 @@ def _register_timm_models() -> None:
         return
 
     @register_model
+    def vit_edje_tiny_convstem_128(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
+        """The same ViT over a 4-stage convolutional stem at the sample world's native 128 px: still
+        64 tokens (8 x 8 grid), but a small object spans 19 px instead of 10 when the stem sees it."""
+        args = dict(img_size=128, patch_size=16, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0,
+                    class_token=False, global_pool="avg", embed_layer=ConvStemPatchEmbed)
+        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
+            kwargs.pop(key, None)
+        return VisionTransformer(**{**args, **kwargs})
+
+    @register_model
     def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
         """A 4-layer ViT over a convolutional stem: 64 tokens (8 x 8 grid) of 128 channels, mean-pooled.
 

@@ -179,3 +179,11 @@ def make_captions(scene: Scene, n: int, seed: int) -> list[str]:
             text = _three(words, rels[0], rels[1], scene.is_row, t, p)
         out.append(text)
     return out
+
+
+def shape_caption(scene: Scene, rng: np.random.Generator) -> str:
+    """A training-only caption that names every shape of the scene and nothing else ("a star and a
+    disc"): matching it needs shape, which full captions never require against random negatives."""
+    names = [SHAPE_WORDS[o.shape][int(rng.integers(len(SHAPE_WORDS[o.shape])))] for o in scene.objects]
+    names = [article(n) for n in (names[i] for i in rng.permutation(len(names)))]
+    return names[0] + " and " + names[1] if len(names) == 2 else f"{names[0]}, {names[1]} and {names[2]}"

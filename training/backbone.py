@@ -22,6 +22,8 @@ from safetensors.torch import save_file
 import model.backbone  # noqa: F401  registers the project's open_clip configs
 from evaluation.annotations import Annotations, load_annotations, load_images
 from evaluation.recall import embedding_recall
+from sampleworld.captions import shape_caption
+from sampleworld.scene import Scene
 from training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 
 
@@ -48,9 +50,12 @@ class BackboneTrainConfig:
     cluster_size: int = 8
     neighbour_start: int = 2
     mask_same_words: bool = False  # leave captions with the same bag of words out of each other's softmax
-    # A sample-world world.json: images of one family (binding twins, whose captions share every
-    # word) are left out of each other's softmax, as duplicates are in CLIP training.
-    twin_groups: Optional[str] = None
+    # A sample world's world.json, for two training-only levers: images of one family (binding
+    # twins, whose captions share every word) are left out of each other's softmax, as duplicates
+    # are in CLIP training; and `shape_caption_rate` of the captions are replaced by ones that name
+    # only the scene's shapes (every image with that shape set is then a positive).
+    world: Optional[str] = None
+    shape_caption_rate: float = 0.0
 
 
 def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
@@ -78,14 +83,21 @@ def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images:
     return embedding_recall(txt.numpy(), img.numpy(), ann.caption_image)
 
 
-def family_ids(world_json: str, image_ids) -> np.ndarray:
-    """Family id of each image, from a sample world's world.json (KeyError naming an unknown image)."""
-    records = json.loads(Path(world_json).read_text())["images"]
-    family = {r["image_id"]: r["family_id"] for r in records}
-    missing = [i for i in image_ids if i not in family]
+def world_records(world_json: str, image_ids) -> tuple:
+    """(family id [N], scene) of each image, from a sample world's world.json (KeyError naming unknown images)."""
+    records = {r["image_id"]: r for r in json.loads(Path(world_json).read_text())["images"]}
+    missing = [i for i in image_ids if i not in records]
     if missing:
         raise KeyError(f"{world_json} does not list images {missing[:3]}")
-    return np.array([family[i] for i in image_ids], dtype=np.int64)
+    family = np.array([records[i]["family_id"] for i in image_ids], dtype=np.int64)
+    return family, [Scene.from_json(records[i]) for i in image_ids]
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against a multi-positive target (each row's positives share its mass equally)."""
+    target = target / target.sum(dim=1, keepdim=True)
+    logp = torch.log_softmax(logits, dim=1)
+    return -(target * logp.masked_fill(target == 0, 0.0)).sum(dim=1).mean()
 
 
 @torch.no_grad()
@@ -108,7 +120,13 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions)
     per_image = train.image_to_captions()
-    groups = torch.from_numpy(family_ids(cfg.twin_groups, train.image_ids)) if cfg.twin_groups else None
+    groups = scenes = shape_sets = None
+    if cfg.world:
+        groups_np, scenes = world_records(cfg.world, train.image_ids)
+        groups = torch.from_numpy(groups_np)
+        shape_sets = torch.tensor([hash(frozenset(o.shape for o in sc.objects)) % (2 ** 62) for sc in scenes])
+    if cfg.shape_caption_rate > 0 and scenes is None:
+        raise ValueError("shape captions need the world's scenes: give world=<world.json>")
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
@@ -139,18 +157,31 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         clip.train()
         losses = []
         for idx in batches:
+            tidx = torch.from_numpy(idx)
+            ids = text_ids[caption_pick[idx]]
+            partial = torch.zeros(len(idx), dtype=torch.bool)
+            if cfg.shape_caption_rate > 0:
+                partial = torch.from_numpy(rng.random(len(idx)) < cfg.shape_caption_rate)
+                rows = partial.nonzero().flatten().tolist()
+                if rows:
+                    ids = ids.clone()
+                    ids[rows] = tokenizer([shape_caption(scenes[idx[r]], rng) for r in rows])
             img = F.normalize(clip.encode_image(images[idx]), dim=-1)
-            txt = F.normalize(clip.encode_text(text_ids[caption_pick[idx]]), dim=-1)
-            logits = clip.logit_scale.exp() * img @ txt.T
+            txt = F.normalize(clip.encode_text(ids), dim=-1)
+            logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
+            eye = torch.eye(len(idx), dtype=torch.bool)
+            positive = eye.clone()
+            if shape_sets is not None:
+                same_shapes = shape_sets[tidx][:, None] == shape_sets[tidx][None, :]
+                positive |= partial[:, None] & same_shapes  # a shape caption fits every image with its shapes
             if cfg.mask_same_words:
                 same = torch.from_numpy(same_words_mask([train.captions[j] for j in caption_pick[idx]]))
-                logits = logits.masked_fill(same, float("-inf"))
+                logits = logits.masked_fill(same & ~positive, float("-inf"))
             if groups is not None:
-                g = groups[torch.from_numpy(idx)]
-                twins = (g[:, None] == g[None, :]) & ~torch.eye(len(idx), dtype=torch.bool)
-                logits = logits.masked_fill(twins, float("-inf"))
-            target = torch.arange(len(idx))
-            loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+                g = groups[tidx]
+                logits = logits.masked_fill((g[:, None] == g[None, :]) & ~positive, float("-inf"))
+            target = positive.float()
+            loss = (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.T, target.T)) / 2
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
