@@ -44,8 +44,8 @@ def main(argv=None) -> None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", required=True, help="sample world folder (flickr30k_{train,test}.json, images/)")
-    p.add_argument("--backbone", default="edje-tiny-clip")
-    p.add_argument("--pretrained", default="checkpoints/edje-tiny-clip-sw.safetensors")
+    p.add_argument("--backbone", default="edje-tiny-convvit")
+    p.add_argument("--pretrained", default="checkpoints/edje-tiny-convvit-sw.safetensors")
     p.add_argument("--workdir", default="runs/bench_recall")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps of each pretraining run")
     p.add_argument("--distill-steps", type=int, default=150)
@@ -63,8 +63,10 @@ def main(argv=None) -> None:
     p.add_argument("--ks", nargs="+", type=int, default=[5, 10, 20, 50])
     p.add_argument("--cpus", type=float, default=2.0, help="CPUs of the one training worker")
     p.add_argument("--c-steps", type=int, help="steps of the compressed pretraining runs (default --steps)")
-    p.add_argument("--no-shuffle", action="store_true", help="table order: every batch holds whole twin families "
-                   "(from-scratch encoders stayed at chance ITM for 60 steps that way)")
+    p.add_argument("--cluster-fraction", type=float, default=0.0,
+                   help="final share of each batch drawn as near-neighbour clusters (training/sampler.py)")
+    p.add_argument("--cluster-start", type=int, default=0)
+    p.add_argument("--cluster-end", type=int, default=0)
     a = p.parse_args(argv)
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -77,7 +79,8 @@ def main(argv=None) -> None:
     common = ["--tables", train_tab.parent, "--storage-path", work / "train", "--num-workers", "1",
               "--cpus-per-worker", a.cpus, "--batch-size", a.batch_size, "--k", a.k_neg, "--lr", a.lr,
               "--checkpoint-every", 100, "--log-every", 20, "--epochs", 1, "--warmup-steps", a.warmup_steps,
-              "--loss-weight", "mlm", a.mlm_weight] + ([] if a.no_shuffle else ["--shuffle"])
+              "--loss-weight", "mlm", a.mlm_weight, "--cluster-fraction", a.cluster_fraction,
+              "--cluster-start", a.cluster_start, "--cluster-end", a.cluster_end]
     if a.random_bert:
         common += ["--random-bert", *a.random_bert]
     ann = Path(a.test_annotations) if a.test_annotations else world / "flickr30k_test.json"

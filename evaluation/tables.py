@@ -2,8 +2,8 @@
 small training sets. The encode pipeline (jobs/encode_cc12m.py) is the distributed writer; this one
 exists for annotation files whose images are already on disk, and can write one row per caption.
 
-  python -m evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-clip \
-      --pretrained checkpoints/edje-tiny-clip-sw.safetensors --output runs/test_raw.parquet
+  python -m evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-convvit \
+      --pretrained checkpoints/edje-tiny-convvit-sw.safetensors --output runs/test_raw.parquet
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description="Raw token table from a Karpathy-style annotation file")
     p.add_argument("--annotations", required=True)
-    p.add_argument("--backbone", default="edje-tiny-clip")
+    p.add_argument("--backbone", default="edje-tiny-convvit")
     p.add_argument("--pretrained", default=None)
     p.add_argument("--feature-layer", choices=["final", "penultimate"], help="default: the backbone kind's")
     p.add_argument("--rows", default="image", choices=["image", "caption"])

@@ -29,8 +29,10 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BACKBONE = "edje-tiny-clip"
-BACKBONE_WEIGHTS = ROOT / "checkpoints" / "edje-tiny-clip-sw.safetensors"
+from schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
+
+BACKBONE = DEFAULT_BACKBONE
+BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
 CHECKPOINT = ROOT / "checkpoints" / "edje-c64-distill"
 
 

@@ -1,9 +1,7 @@
 """Train the project's small open_clip backbone contrastively on a Karpathy-style train split.
 
-Example (the committed checkpoint):
-  python -m jobs.train_backbone --train /tmp/world/flickr30k_train.json \
-      --eval /tmp/world/flickr30k_test.json --output checkpoints/edje-tiny-clip-sw.safetensors
-Load it with VisionBackbone.create(BackboneConfig("edje-tiny-clip", pretrained=<output>)).
+The committed checkpoint (checkpoints/edje-tiny-convvit-sw.safetensors): its exact command is in
+its .json record and in BENCHMARKS.md. Load it with VisionBackbone.create(BackboneConfig("edje-tiny-convvit", pretrained=<output>)).
 """
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ def main(argv=None) -> None:
     p.add_argument("--train", required=True, help="train annotation JSON (images relative to its folder)")
     p.add_argument("--eval", default=None, help="annotation JSON to report zero-shot recall on")
     p.add_argument("--output", required=True, help="output .safetensors path (a .json record is written beside it)")
-    p.add_argument("--model", default="edje-tiny-clip", help="open_clip model name (model/configs/*.json)")
+    p.add_argument("--model", default="edje-tiny-convvit", help="open_clip model name (model/configs/*.json)")
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)

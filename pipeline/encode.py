@@ -21,6 +21,7 @@ import torch
 from model.backbone import default_feature_layer
 from model.codecs import TokenCodec
 from schemas.config import BackboneConfig, CodecConfig, from_dict
+from schemas.shipped import DEFAULT_BACKBONE
 from schemas.token_table import TableMetadata
 
 OK = "ok"
@@ -50,7 +51,7 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
                      adapter: Optional[str]) -> BackboneConfig:
     """The backbone to run: the flags, completed from (and checked against) the adapter checkpoint."""
     if not adapter:
-        name = name or "edje-tiny-clip"
+        name = name or DEFAULT_BACKBONE
         return BackboneConfig(name, pretrained, feature_layer or default_feature_layer(name))
     from model.edje import read_checkpoint_config
     from schemas.config import EDJEConfig

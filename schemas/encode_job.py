@@ -18,7 +18,7 @@ class EncodeJobConfig:
     url_col: str = "url"
     caption_col: str = "caption"
     id_col: str = "image_id"
-    backbone: Optional[str] = None  # None: the adapter checkpoint's backbone, else edje-tiny-clip
+    backbone: Optional[str] = None  # None: the adapter checkpoint's backbone, else schemas.shipped.DEFAULT_BACKBONE
     pretrained: Optional[str] = None
     feature_layer: Optional[str] = None  # None: the adapter checkpoint's, else the backbone kind's default
     adapter: Optional[str] = None  # EDJE checkpoint dir -> compressed tables; None -> raw tables
@@ -61,5 +61,6 @@ class EncodeJobConfig:
     def backbone_config(self) -> BackboneConfig:
         """The backbone this job runs (after resolve_model filled in the defaults)."""
         from model.backbone import default_feature_layer  # the model package registers its configs on import
-        name = self.backbone or "edje-tiny-clip"
+        from schemas.shipped import DEFAULT_BACKBONE
+        name = self.backbone or DEFAULT_BACKBONE
         return BackboneConfig(name, self.pretrained, self.feature_layer or default_feature_layer(name))

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Dict, Optional
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_BACKBONE = "edje-tiny-clip"  # the project's small backbone, trained on the sample world
+DEFAULT_BACKBONE = "edje-tiny-convvit"  # the project's small backbone (conv stem + ViT), trained on the sample world
 SHIPPED_BACKBONE_WEIGHTS: Dict[str, str] = {
-    "edje-tiny-clip": "checkpoints/edje-tiny-clip-sw.safetensors",
+    "edje-tiny-convvit": "checkpoints/edje-tiny-convvit-sw.safetensors",
+    "edje-tiny-clip": "checkpoints/edje-tiny-clip-sw.safetensors",  # the previous default: no shape (BENCHMARKS.md)
 }
 
 

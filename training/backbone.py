@@ -34,7 +34,7 @@ class BackboneTrainConfig:
     train_annotations: str
     output: str
     eval_annotations: Optional[str] = None
-    model: str = "edje-tiny-clip"
+    model: str = "edje-tiny-convvit"
     epochs: int = 12
     batch_size: int = 256
     lr: float = 1e-3
