@@ -6,6 +6,7 @@ token and two reranker replicas), the miner-only app at /miner and an app withou
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -22,6 +23,11 @@ from serving.config import DeploymentResources, ServeConfig
 from serving.ingress import BATCH_HEADER, REPLICA_HEADER
 from serving.miner_client import MinerError, fetch_negatives, neighbour_batch
 from serving.random_corpus import write_random_corpus
+from serving.startup import StartupConfig
+
+# The project's Serve proxy health checks (serving.startup): the local Ray these tests start inherits them,
+# so that a loaded machine does not kill the proxy mid-start.
+os.environ.update(StartupConfig().env())
 
 TOKEN = "test-token"
 MAX_DOCS = 24

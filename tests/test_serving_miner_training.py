@@ -13,6 +13,11 @@ import pytest
 from schemas.token_table import read_token_tables
 from serving.config import ServeConfig
 from serving.random_corpus import write_random_corpus
+from serving.startup import StartupConfig
+
+# The project's Serve proxy health checks (serving.startup): the local Ray these tests start inherits them,
+# so that a loaded machine does not kill the proxy mid-start.
+os.environ.update(StartupConfig().env())
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
