@@ -94,3 +94,45 @@ def test_learning_rate_is_step_based_warmup_then_cosine_to_a_floor():
     # Monotone after warm-up, whatever an epoch's length.
     lrs = [learning_rate(cfg, s, 1000) for s in range(10, 1001)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:])) and not math.isnan(sum(lrs))
+
+
+def test_a_resumed_epoch_continues_with_the_first_batch_not_consumed():
+    import pyarrow as pa
+
+    from training.loop import Position, planned_batches
+
+    ids, emb = _families(32)
+    table = pa.table({"image_id": ids, "row": list(range(len(ids)))})
+    cur = CurriculumConfig(max_fraction=0.5, start=2, end=6, cluster_size=4)
+    planner = BatchPlanner(ids, emb, batch_size=8, curriculum=cur, seed=3)
+    cfg = TrainJobConfig(tables=[], storage_path="", name="", batch_size=8)
+    full = [(i, b.column("image_id").to_pylist()) for i, b in planned_batches(cfg, table, planner, 16, Position(16, 1, 0))]
+    assert [i for i, _ in full] == list(range(16))
+    # Killed after 5 batches of epoch 1 (global step 21): the rerun starts at batch 5 with the same rows.
+    resumed = [(i, b.column("image_id").to_pylist()) for i, b in planned_batches(cfg, table, planner, 16, Position(21, 1, 5))]
+    assert resumed == full[5:]
+
+
+def test_training_checkpoint_restores_weights_optimizer_and_position(tiny_edje_config, tmp_path):
+    import torch
+
+    from model.edje import EDJEModel
+    from training.loop import Position, _load_training_checkpoint, build_optimizer, save_training_checkpoint
+
+    torch.manual_seed(0)
+    model = EDJEModel(tiny_edje_config)
+    cfg = TrainJobConfig(tables=[], storage_path="", name="")
+    opt = build_optimizer(model, cfg)
+    out = model.encoder.score(["a red circle"], model.adapter(torch.randn(1, 65, 128)))
+    out.sum().backward()
+    opt.step()
+    save_training_checkpoint(model, opt, Position(7, 1, 3), {"loss": 1.0}, str(tmp_path))
+    restored, pos, opt_state = _load_training_checkpoint(str(tmp_path))
+    assert pos == Position(7, 1, 3)
+    for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(restored.state_dict().items())):
+        assert torch.equal(a, b), k
+    opt2 = build_optimizer(restored, cfg)
+    opt2.load_state_dict(opt_state)
+    for s1, s2 in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+        assert torch.equal(s1["exp_avg"], s2["exp_avg"]) and torch.equal(s1["exp_avg_sq"], s2["exp_avg_sq"])
+        assert float(s1["step"]) == float(s2["step"])
