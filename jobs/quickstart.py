@@ -33,7 +33,7 @@ from schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS  # noqa: 
 
 BACKBONE = DEFAULT_BACKBONE
 BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
-CHECKPOINT = ROOT / "checkpoints" / "edje-c64-distill"
+CHECKPOINT = ROOT / "checkpoints" / "edje-c16"
 
 
 @dataclass(frozen=True)
@@ -188,9 +188,16 @@ def print_report(metrics, query, documents, answer, response, raw, comp) -> None
     print("\nRecall on the sample world's test split (first stage = backbone embeddings via FAISS):")
     print(f"{'direction':<12}{'stage':<14}{'R@1':>8}{'R@5':>8}{'R@10':>8}")
     for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
-        for stage in ("first_stage", "reranked"):
+        for stage in ("first_stage", "reranked_itm_only", "reranked"):
+            if stage not in metrics[d]:
+                continue
             r = metrics[d][stage]
-            print(f"{label:<12}{stage.replace('_', ' '):<14}{r['r1']:>8.2f}{r['r5']:>8.2f}{r['r10']:>8.2f}")
+            name = {"first_stage": "first stage", "reranked_itm_only": "ITM alone"}.get(stage, "reranked")
+            print(f"{label:<12}{name:<14}{r['r1']:>8.2f}{r['r5']:>8.2f}{r['r10']:>8.2f}")
+    rule = metrics.get("ranking", {})
+    if rule.get("first_stage_weight"):
+        print(f"(reranked = ITM logit + {rule['first_stage_weight']:g} x first-stage cosine, the checkpoint's rule, "
+              f"chosen on {rule.get('chosen_on')}; the server ranks the same way)")
     print(f"\nstorage: raw {raw['bytes_per_image']:,} B/image, compressed {comp['bytes_per_image']:,} B/image")
     print(f"\nPOST /v1/rerank  query: {query!r}  ({len(documents)} documents: the answer's family of twins + others)")
     for rank, r in enumerate(response["results"], 1):
