@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from typing import Optional
 
 import fsspec
@@ -76,7 +77,9 @@ def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None,
         f.write(save(_drop_tied(model, state)))
     # The hash of the weights as stored (and so as loaded): fp16 storage rounds them.
     adapter_hash = hash_state({k[len("adapter."):]: v for k, v in state.items() if k.startswith("adapter.")})
-    meta = {"config": json.loads(to_json(model.config)), "adapter_hash": adapter_hash,
+    # The tokenizer travels inside the checkpoint: record it relative to the checkpoint, never as
+    # this machine's path (a venv path in a shipped config.json would name a folder nobody else has).
+    meta = {"config": json.loads(to_json(_portable(model.config))), "adapter_hash": adapter_hash,
             # The BERT shape itself, so loading never needs the language model it started from.
             "bert_config": model.encoder.bert.config.to_dict(), **(extra or {})}
     with fs.open(f"{root}/{CONFIG}", "w") as f:
@@ -103,7 +106,7 @@ def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_locati
     """Rebuild an EDJEModel from a checkpoint dir; raise CheckpointError naming any mismatch."""
     meta = read_checkpoint_config(path)
     cfg = from_dict(EDJEConfig, meta["config"])
-    if expected is not None and cfg != expected:
+    if expected is not None and _portable(cfg) != _portable(expected):
         raise CheckpointError(f"checkpoint {path} config differs from the expected one: {_diff(cfg, expected)}")
     fs, root = fsspec.core.url_to_fs(path)
     tokenizer_dir = _local_tokenizer(fs, root)
@@ -117,7 +120,9 @@ def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_locati
         language_model=None, tokenizer=tokenizer_dir, bert_config=bert_cfg, max_text_tokens=enc.max_text_tokens,
         num_image_tokens=enc.num_image_tokens, text_embed_dim=enc.text_embed_dim))
     model = EDJEModel(local, load_language_model=False)
-    model.config = cfg
+    # In memory the tokenizer is the checkpoint's own copy on this machine (a student built from this
+    # encoder's config, as distillation does, loads it from there).
+    model.config = replace(cfg, encoder=replace(cfg.encoder, tokenizer=tokenizer_dir))
     with fs.open(f"{root}/{WEIGHTS}", "rb") as f:
         state = load(f.read())
     load_state(model, state, path)
@@ -164,6 +169,14 @@ def _drop_tied(model: nn.Module, state: dict) -> dict:
     # safetensors refuses shared storage, and a copy would double the largest matrix: keep the first name.
     drop = {k for group in _tied_groups(model) for k in group[1:]}
     return {k: v for k, v in state.items() if k not in drop}
+
+
+def _portable(cfg: EDJEConfig) -> EDJEConfig:
+    """The config as stored: the tokenizer is the checkpoint's own copy, the language model only named."""
+    lm = cfg.encoder.language_model
+    if lm and os.path.isabs(lm):
+        lm = os.path.basename(os.path.normpath(lm))
+    return replace(cfg, encoder=replace(cfg.encoder, tokenizer=TOKENIZER, language_model=lm))
 
 
 def _diff(a: EDJEConfig, b: EDJEConfig) -> str:

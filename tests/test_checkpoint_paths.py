@@ -21,21 +21,19 @@ def _absolute_paths(value, where=""):
 CONFIGS = sorted(ROOT.glob("checkpoints/*/config.json"))
 
 
-# The writer is model.edje.save_checkpoint (the model owner's file): it records model.config's
-# encoder.tokenizer as given (the venv's MiniLM copy) although the tokenizer is saved inside the
-# checkpoint. Strict: once the writer is fixed and the checkpoints re-exported, this marker must go.
-@pytest.mark.xfail(strict=True, reason="save_checkpoint records the absolute tokenizer path (fix pending in model/edje.py)")
+# The writer is model.edje.save_checkpoint: it records the tokenizer relative to the checkpoint
+# (its own copy inside it), never the venv path it was built from.
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.parent.name for c in CONFIGS])
 def test_shipped_checkpoint_config_has_no_absolute_paths(config):
     hits = _absolute_paths(json.loads(config.read_text()))
     assert not hits, f"{config.relative_to(ROOT)} records machine paths: {hits}"
 
 
-@pytest.mark.xfail(strict=True, reason="save_checkpoint records the absolute tokenizer path (fix pending in model/edje.py)")
 def test_saved_checkpoint_config_has_no_absolute_paths(tmp_path, tiny_edje_config):
     from model.edje import EDJEModel, load_checkpoint, save_checkpoint
 
     save_checkpoint(EDJEModel(tiny_edje_config), str(tmp_path / "ckpt"))
     hits = _absolute_paths(json.loads((tmp_path / "ckpt" / "config.json").read_text()))
     assert not hits, f"config.json records machine paths: {hits}"
-    load_checkpoint(str(tmp_path / "ckpt"))  # and it still loads
+    loaded = load_checkpoint(str(tmp_path / "ckpt"))  # and it still loads, its tokenizer from inside it
+    assert loaded.config.encoder.tokenizer == str(tmp_path / "ckpt" / "tokenizer")
