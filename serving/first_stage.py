@@ -104,6 +104,10 @@ class FirstStage:
         scores, rows = self.index.search(embed_texts(self.backbone, [query]), k)
         return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
 
+    def embed(self, texts: List[str]) -> np.ndarray:
+        """Normalised text embeddings [len(texts), e] (the fused ranking rule's first-stage side)."""
+        return embed_texts(self.backbone, texts)
+
     def size(self) -> int:
         """Images in the index."""
         return len(self.index)

@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from ray import serve
 
+from model.ranking import RANKING_KEY, RankingConfig
 from schemas.api import (CohereRerankResponse, CohereResult, Document, Health, InfoResponse, NegativesResponse,
                          RerankResponse, RerankResult, SearchResponse, SearchResult, TableInfo, Usage, request_models)
 from serving.config import ServeConfig
@@ -82,9 +83,12 @@ class Ingress:
         self.config, self.auth_token = config, auth_token
         self.reranker, self.first_stage, self.miner = reranker, first_stage, miner
         self.checkpoint_meta = None
+        self.ranking = RankingConfig()
         if config.checkpoint:
             from model.edje import read_checkpoint_config
             self.checkpoint_meta = read_checkpoint_config(config.checkpoint)
+            # The checkpoint's ranking rule, the same one jobs/evaluate.py reports (model/ranking.py).
+            self.ranking = RankingConfig(**self.checkpoint_meta.get(RANKING_KEY, {}))
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """The FastAPI app of this configuration (Serve calls it once per replica, after __init__)."""
@@ -113,7 +117,14 @@ class Ingress:
 
     async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False):
         """The reranker's Scores; 404 naming unknown ids; replica and batch headers on the response."""
-        scores = await self.call(self.reranker.score_pairs, texts, image_ids, with_urls)
+        text_emb = None
+        if self.ranking.first_stage_weight:
+            # Fused rule: the reranker adds w x cosine(text, image) to each ITM logit.
+            unique = list(dict.fromkeys(texts))
+            emb = await self.call(self.first_stage.embed, unique)
+            row = {t: i for i, t in enumerate(unique)}
+            text_emb = emb[[row[t] for t in texts]]
+        scores = await self.call(self.reranker.score_pairs, texts, image_ids, with_urls, text_emb)
         if scores.missing:
             raise HTTPException(404, f"unknown image ids: {scores.missing}")
         response.headers[REPLICA_HEADER] = scores.replica

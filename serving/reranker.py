@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from ray import serve
 
+from model.ranking import read_ranking
 from schemas.token_table import TableMetadata
 from serving.config import ServeConfig
 from serving.token_store import TokenStore, decode_blobs
@@ -102,6 +103,7 @@ class Reranker:
             torch.set_num_threads(config.torch_threads or max(1, int(resources.num_cpus)))
         self.store = TokenStore.load(config.token_tables, read_checkpoint_config(config.checkpoint))
         self.scorer = PairScorer(config.checkpoint, self.store.meta, device, config.precision)
+        self.ranking = read_ranking(config.checkpoint)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edje-forward")
         self._batched_forward.set_max_batch_size(config.max_batch_pairs)
         self._batched_forward.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
@@ -110,8 +112,11 @@ class Reranker:
                  self.replica, device, self.scorer.precision, len(self.store), self.store.memory_bytes / 1e6,
                  config.dynamic_batching, config.max_batch_pairs, torch.get_num_threads())
 
-    async def score_pairs(self, texts: List[str], image_ids: List[str], with_urls: bool = False) -> Scores:
-        """ITM logits of (texts[i], image_ids[i]), or the unknown ids; requests of any size."""
+    async def score_pairs(self, texts: List[str], image_ids: List[str], with_urls: bool = False,
+                          text_embeddings: Optional[np.ndarray] = None) -> Scores:
+        """Scores of (texts[i], image_ids[i]), or the unknown ids. With `text_embeddings` [B, e], the
+        checkpoint's ranking rule (ITM logit + w x first-stage cosine; what the HTTP API ranks by);
+        without them, the ITM logit alone (the miner's rescoring)."""
         if len(texts) != len(image_ids):
             raise ValueError(f"{len(texts)} texts but {len(image_ids)} image ids")
         got = self.store.gather_blobs(image_ids, with_urls)
@@ -122,7 +127,13 @@ class Reranker:
                   for i in range(0, len(texts), step)]
         forward = self._batched_forward if self.config.dynamic_batching else self._single_forward
         parts = await asyncio.gather(*(forward(c) for c in chunks))
-        return Scores(np.concatenate([p[0] for p in parts]), [], got.urls, self.replica, max(p[1] for p in parts))
+        logits = np.concatenate([p[0] for p in parts])
+        if self.ranking.first_stage_weight and text_embeddings is not None:
+            if len(text_embeddings) != len(texts):
+                raise ValueError(f"{len(texts)} texts but {len(text_embeddings)} text embeddings")
+            sim = np.einsum("ij,ij->i", np.asarray(text_embeddings, np.float32), self.store.embeddings_of(image_ids))
+            logits = self.ranking.fuse(logits, sim)
+        return Scores(logits, [], got.urls, self.replica, max(p[1] for p in parts))
 
     @serve.batch(max_batch_size=256, batch_wait_timeout_s=0.005, batch_size_fn=lambda chunks: sum(len(c.texts) for c in chunks))
     async def _batched_forward(self, chunks: List[PairChunk]) -> List[Tuple[np.ndarray, int]]:
@@ -140,6 +151,7 @@ class Reranker:
         return dict(device=str(self.scorer.device), precision=self.scorer.precision, pid=os.getpid(),
                     replica=self.replica, dynamic_batching=self.config.dynamic_batching,
                     max_batch_pairs=self.config.max_batch_pairs, torch_threads=torch.get_num_threads(),
+                    ranking=dict(first_stage_weight=self.ranking.first_stage_weight, chosen_on=self.ranking.chosen_on),
                     token_store=self.store.info())
 
     def actor_name(self) -> str:
