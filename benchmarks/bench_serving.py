@@ -109,6 +109,9 @@ def bench_http(args, out: dict) -> None:
     def in_process(query: str, ids: List[str]) -> np.ndarray:
         return model.encoder.score([query] * len(ids), torch.from_numpy(store.gather(ids))).numpy()
 
+    from serving.startup import StartupConfig
+
+    os.environ.update(StartupConfig().env())  # the project's Serve proxy checks: a loaded machine must not kill the proxy
     ray.init(address="local", num_cpus=threads, include_dashboard=False, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
