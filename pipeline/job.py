@@ -25,11 +25,11 @@ from pipeline import storage
 from pipeline.decode import decode_batch
 from pipeline.download import DownloadConfig, download_rows
 from pipeline.encode import EncodeBatch, EncoderSpec, describe_model, resolve_backbone
-from pipeline.manifest import committed_shards, save_run
+from pipeline.manifest import committed_shards, load_manifest, save_run
 from pipeline.plan import input_file
 from pipeline.resume import plan_job
 from pipeline.summary import build_summary
-from pipeline.write import commit_shard, parts_dir, stats_path, write_parts
+from pipeline.write import commit_shard, write_parts
 from schemas.encode_job import EncodeJobConfig
 
 # CPU shares of the light stages. On a 2-CPU node one encoder actor takes a whole CPU; the

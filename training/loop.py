@@ -16,7 +16,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Dict, Iterator, Optional, Tuple
 
-import numpy as np
 import pyarrow as pa
 import torch
 import torch.distributed as dist
