@@ -68,12 +68,24 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
 
 
 def _same_weights(given: Optional[str], recorded: Optional[str]) -> bool:
-    """Same tag, or the same local file reached by another (e.g. relative vs absolute) path."""
+    """Same tag, or the same weights: one file reached by another path (relative to here or to the
+    repository, as shipped checkpoints record them), or a byte-identical copy."""
     if given == recorded or given is None or recorded is None:
         return given == recorded or given is None
+    from schemas.shipped import REPO_ROOT
+
+    if not os.path.isfile(recorded) and os.path.isfile(REPO_ROOT / recorded):
+        recorded = str(REPO_ROOT / recorded)
     if os.path.isfile(given) and os.path.isfile(recorded):
-        return os.path.samefile(given, recorded)
+        return os.path.samefile(given, recorded) or _file_digest(given) == _file_digest(recorded)
     return False
+
+
+def _file_digest(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def describe_model(spec: EncoderSpec) -> ModelInfo:
