@@ -30,8 +30,9 @@ def _tokens(seed: int) -> np.ndarray:
 
 def _bound(x: np.ndarray, quant: str, group: int) -> np.ndarray:
     g = np.abs(x).reshape(x.shape[0], x.shape[1], -1, group).max(-1, keepdims=True)
-    # + 2^-20 of absmax: float32 rounding of q * scale when decoding (about 1e-7 relative)
-    return np.broadcast_to(g / QMAX[quant] / 2 * (1 + 2 ** -10) + g * 2 ** -20,
+    # + 2^-20 of absmax: float32 rounding of q * scale when decoding (about 1e-7 relative);
+    # + qmax x 2^-25: a tiny token's fp16 scale is subnormal, stored to within half of 2^-24 absolute.
+    return np.broadcast_to(g / QMAX[quant] / 2 * (1 + 2 ** -10) + g * 2 ** -20 + QMAX[quant] * 2.0 ** -25,
                            x.shape[:2] + (x.shape[2] // group, group))
 
 

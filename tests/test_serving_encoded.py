@@ -50,7 +50,7 @@ def test_serving_the_tables_the_encode_job_wrote(ray_local, tmp_path, tiny_edje_
     assert raw and read_metadata(raw[0]).pretrained == shipped_weights(DEFAULT_BACKBONE)
     # An EDJE checkpoint over that backbone; compressed int8 tables made with its adapter by the encode job.
     cfg = dataclasses.replace(tiny_edje_config, backbone=dataclasses.replace(
-        tiny_edje_config.backbone, pretrained=shipped_weights(DEFAULT_BACKBONE)))
+        tiny_edje_config.backbone, name=DEFAULT_BACKBONE, pretrained=shipped_weights(DEFAULT_BACKBONE)))
     torch.manual_seed(0)
     save_checkpoint(EDJEModel(cfg), str(tmp_path / "ckpt"))
     assert encode_main(["--output", str(tmp_path / "c16"), "--adapter", str(tmp_path / "ckpt"), "--quant", "int8", *world]) == 0
