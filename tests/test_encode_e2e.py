@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from pipeline import reasons
+from schemas.shipped import DEFAULT_BACKBONE
 from sampleworld.world import WorldConfig, generate, url_rows
 
 pytestmark = pytest.mark.slow
@@ -222,7 +223,7 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
         assert summary["images_in"] == n_in == 204
         assert summary["failed"] == failed
         assert summary["images_ok"] == len(expected)
-        table, meta = read_tables(summary, kind="raw", backbone="edje-tiny-clip")
+        table, meta = read_tables(summary, kind="raw", backbone=DEFAULT_BACKBONE)
         ids = table.column("image_id").to_pylist()
         assert sorted(ids) == sorted(expected) and len(set(ids)) == len(ids)
         got = {r["image_id"]: r for r in table.select(["image_id", "url", "caption"]).to_pylist()}
@@ -231,7 +232,7 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
         for odd_id, twin in twins.items():
             if twin:
                 assert nearest(table, meta, odd_id) == twin, odd_id
-        assert summary["bytes_per_image"] == 65 * 128 * 2
+        assert summary["bytes_per_image"] == meta.num_tokens * meta.width * 2 == 64 * 128 * 2  # fp16 tokens of the default backbone
 
         # Resume: un-commit one shard and leave junk parts behind, as a crash would; the rerun redoes
         # only that shard and every good row is still present exactly once.
