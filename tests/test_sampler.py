@@ -105,11 +105,10 @@ def test_a_resumed_epoch_continues_with_the_first_batch_not_consumed():
     table = pa.table({"image_id": ids, "row": list(range(len(ids)))})
     cur = CurriculumConfig(max_fraction=0.5, start=2, end=6, cluster_size=4)
     planner = BatchPlanner(ids, emb, batch_size=8, curriculum=cur, seed=3)
-    cfg = TrainJobConfig(tables=[], storage_path="", name="", batch_size=8)
-    full = [(i, b.column("image_id").to_pylist()) for i, b in planned_batches(cfg, table, planner, 16, Position(16, 1, 0))]
+    full = [(i, b.column("image_id").to_pylist()) for i, b in planned_batches(table, planner, 16, Position(16, 1, 0))]
     assert [i for i, _ in full] == list(range(16))
     # Killed after 5 batches of epoch 1 (global step 21): the rerun starts at batch 5 with the same rows.
-    resumed = [(i, b.column("image_id").to_pylist()) for i, b in planned_batches(cfg, table, planner, 16, Position(21, 1, 5))]
+    resumed = [(i, b.column("image_id").to_pylist()) for i, b in planned_batches(table, planner, 16, Position(21, 1, 5))]
     assert resumed == full[5:]
 
 

@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 
 from model.edje import EDJEModel, load_checkpoint, save_checkpoint
-from schemas.token_table import TableMetadata
-from schemas.token_table import vector_matrix
+from schemas.token_table import TableMetadata, vector_matrix
 from training.batches import TrainBatch, decode_batch, gather_batch
 from training.config import TrainJobConfig
 from training.mining import MinerConfig
@@ -132,7 +131,7 @@ def load_shard(shard) -> pa.Table:
     return table.sort_by([("image_id", "ascending"), ("caption", "ascending")])
 
 
-def planned_batches(cfg: TrainJobConfig, table: pa.Table, planner: BatchPlanner, num_batches: int,
+def planned_batches(table: pa.Table, planner: BatchPlanner, num_batches: int,
                     pos: Position) -> Iterator[Tuple[int, pa.Table]]:
     """(index in epoch, rows) of the current epoch's batches, from the one not yet consumed."""
     first_step = pos.step - pos.batch_in_epoch
@@ -224,7 +223,7 @@ def train_loop_per_worker(config: dict) -> None:
     total_steps = int(total_steps) if total_steps != math.inf else 1
     while pos.epoch < cfg.epochs and not done():
         if planner is not None:
-            batches = planned_batches(cfg, table, planner, per_epoch, pos)
+            batches = planned_batches(table, planner, per_epoch, pos)
         else:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
