@@ -70,15 +70,19 @@ def _register_timm_models() -> None:
     if "vit_edje_tiny_siglip_64" in timm.list_models("vit_edje_*"):
         return
 
+    def build(args: dict, kwargs: dict) -> VisionTransformer:
+        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm factory bookkeeping
+            kwargs.pop(key, None)
+        return VisionTransformer(**{**args, **kwargs})
+
+    convstem = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0, class_token=False, global_pool="avg",
+                    embed_layer=ConvStemPatchEmbed)
+
     @register_model
     def vit_edje_tiny_convstem_128(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
         """The same ViT over a 4-stage convolutional stem at the sample world's native 128 px: still
         64 tokens (8 x 8 grid), but a small object spans 19 px instead of 10 when the stem sees it."""
-        args = dict(img_size=128, patch_size=16, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0,
-                    class_token=False, global_pool="avg", embed_layer=ConvStemPatchEmbed)
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
-            kwargs.pop(key, None)
-        return VisionTransformer(**{**args, **kwargs})
+        return build(dict(img_size=128, patch_size=16, **convstem), kwargs)
 
     @register_model
     def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
@@ -86,19 +90,12 @@ def _register_timm_models() -> None:
 
         The stem's 3x3 convolutions see the outline of a 10-pixel object that one 8 x 8 patch
         projection cuts apart; a patch-8 ViT of this size never learned shape (BENCHMARKS.md)."""
-        args = dict(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0,
-                    class_token=False, global_pool="avg", embed_layer=ConvStemPatchEmbed)
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
-            kwargs.pop(key, None)
-        return VisionTransformer(**{**args, **kwargs})
+        return build(dict(img_size=64, patch_size=8, **convstem), kwargs)
 
     @register_model
     def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
-        args = dict(img_size=64, patch_size=8, embed_dim=96, depth=2, num_heads=2, class_token=False,
-                    global_pool="map", fc_norm=False)
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm factory bookkeeping
-            kwargs.pop(key, None)
-        return VisionTransformer(**{**args, **kwargs})
+        return build(dict(img_size=64, patch_size=8, embed_dim=96, depth=2, num_heads=2, class_token=False,
+                          global_pool="map", fc_norm=False), kwargs)
 
 
 _register_timm_models()
