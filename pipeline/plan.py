@@ -5,7 +5,9 @@ Two streaming passes, neither holding the list:
      the duplicate finder (pipeline.dedupe); then find the duplicates, bucket by bucket.
   2. re-read the spill -> drop the duplicates -> cut consecutive runs of `shard_size` kept rows
      into shards -> write them to `<output>/_input/` (Parquet, one row group per shard,
-     `shards_per_file` shards per file, so 10,000s of shards are 100s of objects).
+     `shards_per_file` shards per file, so 10,000s of shards are 100s of objects). A file is
+     built in memory and written whole (one PUT on S3) by a background thread, so its zstd
+     compression overlaps the next file's cutting and digests (at most two files in memory).
 A shard's digest hashes its rows' bytes; the plan digest hashes every shard's (rows, digest).
 The same input always gives the same shards, digests and image ids: the basis of resuming.
 """
@@ -15,6 +17,7 @@ import hashlib
 import os
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -150,8 +153,9 @@ def _cut(batches: Iterator[pa.Table], size: int) -> Iterator[pa.Table]:
 def _write_shards(batches: Iterator[pa.Table], cfg: PlanConfig, output: Optional[str], on_shard) -> Dict[str, list]:
     """Cut shards, digest them and (with an output) write them as row groups of `_input/` files."""
     records: Dict[str, list] = {"rows": [], "digest": []}
-    writer, handle = None, None
-    try:
+    group: List[pa.Table] = []
+    writing: Optional[Future] = None
+    with ThreadPoolExecutor(1, thread_name_prefix="edje-input-writer") as pool:
         for sid, shard in enumerate(_cut(batches, cfg.shard_size)):
             shard = shard.select([c for c in SHARD_COLUMNS if c in shard.column_names]).combine_chunks()
             records["rows"].append(shard.num_rows)
@@ -160,22 +164,37 @@ def _write_shards(batches: Iterator[pa.Table], cfg: PlanConfig, output: Optional
                 on_shard(sid, shard)
             if output is None:
                 continue
-            if sid % cfg.shards_per_file == 0:
-                if writer is not None:
-                    writer.close()
-                    handle.close()
-                fs, path = storage.url_to_fs(input_file(output, sid, cfg.shards_per_file))
-                fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                handle = fs.open(path, "wb")
-                # urls are unique: dictionary pages only cost time; zstd level 1 is fast and still small
-                writer = pq.ParquetWriter(handle, shard.schema, compression="zstd", compression_level=1,
-                                          use_dictionary=False)
-            writer.write_table(shard, row_group_size=shard.num_rows)
-    finally:
-        if writer is not None:
-            writer.close()
-            handle.close()
+            group.append(shard)
+            if len(group) == cfg.shards_per_file:
+                writing = _submit_file(pool, writing, output, sid, cfg.shards_per_file, group)
+                group = []
+        if group:
+            writing = _submit_file(pool, writing, output, len(records["rows"]) - 1, cfg.shards_per_file, group)
+        if writing is not None:
+            writing.result()
     return records
+
+
+def _submit_file(pool: ThreadPoolExecutor, previous: Optional[Future], output: str, last_sid: int,
+                 shards_per_file: int, shards: List[pa.Table]) -> Future:
+    """Queue the `_input/` file holding `shards` once the previous one is written (errors surface here)."""
+    if previous is not None:
+        previous.result()
+    return pool.submit(_write_input_file, input_file(output, last_sid, shards_per_file), shards)
+
+
+def _write_input_file(url: str, shards: List[pa.Table]) -> None:
+    """One `_input/` file, one row group per shard, built in memory and written in one piece."""
+    sink = pa.BufferOutputStream()
+    # urls are unique: dictionary pages only cost time; zstd level 1 is fast and still small
+    with pq.ParquetWriter(sink, shards[0].schema, compression="zstd", compression_level=1,
+                          use_dictionary=False, write_statistics=False) as writer:
+        for shard in shards:
+            writer.write_table(shard, row_group_size=shard.num_rows)
+    fs, path = storage.url_to_fs(url)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as f:
+        f.write(sink.getvalue())
 
 
 def shard_digest(shard: pa.Table) -> str:

@@ -132,7 +132,7 @@ def iter_batches(path: str, opts: ReadOptions, malformed: Malformed) -> Iterator
         with fsspec.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             columns = _column_map(pf.schema_arrow.names, wanted, path)
-            for batch in pf.iter_batches(batch_size=opts.batch_rows, columns=list(columns)):
+            for batch in pf.iter_batches(batch_size=opts.batch_rows, columns=list(columns), use_threads=False):
                 yield pa.Table.from_batches([batch]).rename_columns([columns[c] for c in batch.schema.names])
     elif fmt in ("tsv", "csv"):
         yield from _iter_delimited(path, "\t" if fmt == "tsv" else ",", opts, wanted, malformed)
