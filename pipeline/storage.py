@@ -69,12 +69,16 @@ def write_json(url: str, obj: Any) -> None:
 
 
 def read_json(url: str) -> Optional[Any]:
-    """Parsed JSON at `url`, or None when the file does not exist."""
+    """Parsed JSON at `url`, or None when the file does not exist.
+
+    One GET (cat_file): no existence probe first, which on S3 is a HEAD plus, for a missing key,
+    a listing (s3fs checks for a folder), and no cached listing that could be stale.
+    """
     fs, path = url_to_fs(url)
-    if not fs.exists(path):
+    try:
+        return json.loads(fs.cat_file(path))
+    except FileNotFoundError:
         return None
-    with fs.open(path, "rb") as f:
-        return json.loads(f.read())
 
 
 def exists(url: str) -> bool:
