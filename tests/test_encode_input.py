@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import reasons
+from pipeline import dedupe, reasons
 from pipeline.plan import PlanConfig, plan_input, read_shard_input, url_image_id, with_image_ids
 from pipeline.url_source import ReadOptions, expand_inputs
 
@@ -74,6 +75,23 @@ def test_duplicate_ids_across_mixed_formats_and_the_result_does_not_depend_on_bu
     # url duplicates first (id9, id8 reuse urls), then ids claimed by a second url (id1, id4)
     assert one.failed == {reasons.DUPLICATE_URL: 2, reasons.DUPLICATE_IMAGE_ID: 2}
     assert one.digest == many.digest and one.failed == many.failed and one.examples == many.examples
+
+
+def test_the_bucket_hash_depends_only_on_the_bytes_and_dedupe_is_exact_when_every_hash_collides(tmp_path, monkeypatch):
+    values = ["", "a", "a\0", "12345678", "123456789", "é" * 9, "http://h/" + "x" * 300, "http://h/1.jpg"] * 2
+    h = dedupe.string_hash(pa.array(values))
+    assert len(set(h[:8].tolist())) == 8 and (h[:8] == h[8:]).all()
+    for same in (pa.array(["pad"] + values).slice(1), pa.chunked_array([values[:3], values[3:]]),
+                 pa.array(values, pa.large_string()), pa.array([v.encode() for v in values], pa.binary())):
+        assert (dedupe.string_hash(same) == h).all()
+    (tmp_path / "a.tsv").write_text("url\tcaption\timage_id\n" + "".join(
+        f"http://h/{i % 7}.jpg\tc{i}\tid{i % 5}\n" for i in range(40)))
+    honest, _ = _plan(str(tmp_path / "a.tsv"), shard_size=3, bucket_rows=8)
+    monkeypatch.setattr(dedupe, "string_hash", lambda values: np.zeros(len(values), np.uint64))
+    colliding, rows = _plan(str(tmp_path / "a.tsv"), shard_size=3, bucket_rows=8)
+    assert rows.column("url").to_pylist() == [f"http://h/{i}.jpg" for i in range(5)]  # id i%5 repeats from row 5
+    assert colliding.digest == honest.digest and colliding.failed == honest.failed
+    assert colliding.examples == honest.examples
 
 
 def test_shards_written_as_row_groups_read_back_and_files_without_ids_are_refused_with_files_with(tmp_path):
