@@ -82,6 +82,7 @@ def plan(args) -> str:
     vit = vit_flops_per_image()
     train = edje_train_flops_per_sample()
     scale = json.loads(Path(args.scale_json).read_text()) if args.scale_json else None
+    scale = scale["sizes"] if isinstance(scale, dict) else scale  # bench_scale.py's --json: {"sizes": [...], ...}
     plan_rate = min(r["rows_per_cpu_s"] for r in scale) if scale else None
     rates = {
         "decode_per_core": Rate(measure_decode_per_core() if not args.decode_per_core else args.decode_per_core,

@@ -214,8 +214,9 @@ class _Dups:
 
 def _load(path: str) -> pa.Table:
     """A bucket file as one contiguous table: it holds one small batch per input batch (many, at
-    scale), and sorting or taking from a table of many chunks costs several times more."""
-    with pa.memory_map(path) as source:
+    scale), and sorting or taking from a table of many chunks costs several times more. Read, not
+    memory-mapped: a mapped file's pages stay in the process's resident memory once touched."""
+    with pa.OSFile(path, "rb") as source:
         return pa.ipc.open_file(source).read_all().combine_chunks()
 
 
@@ -230,8 +231,9 @@ def drop_rows(table: pa.Table, dups: np.ndarray) -> pa.Table:
 
 
 def iter_spill(path: str) -> Iterable[pa.Table]:
-    """Record batches of an Arrow IPC file, one at a time."""
-    with pa.memory_map(path) as source:
+    """Record batches of an Arrow IPC file, one at a time, read (not memory-mapped: the spill of the
+    whole list would end up in resident memory as its pages are touched, growing with the rows)."""
+    with pa.OSFile(path, "rb") as source:
         reader = pa.ipc.open_file(source)
         for i in range(reader.num_record_batches):
             yield pa.Table.from_batches([reader.get_batch(i)])
