@@ -158,7 +158,9 @@ def compare(ref: str, lst: Path, work: Path, shard_size: int, reps: int) -> dict
     tree = work / f"code-{ref.replace('/', '_').replace('~', '_')}"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(root), "archive", ref, "pipeline", "schemas"], capture_output=True,
+    top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", top, "archive", ref, "pipeline", "schemas"], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     runs = {ref: [], "working tree": []}
