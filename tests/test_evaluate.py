@@ -133,3 +133,86 @@ def test_evaluate_raw_and_compressed_tables(tiny_world, tiny_edje_config, tmp_pa
                                   np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])), str(bad))
     with pytest.raises(TableMismatchError, match="adapter_hash"):
         _run(["--annotations", str(ann), "--tokens", str(bad), "--checkpoint", str(ckpt), "--output", str(tmp_path / "bad")])
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tiny_edje_config, tmp_path_factory):
+    """A random tiny EDJE checkpoint over edje-tiny-clip tokens."""
+    torch.manual_seed(0)
+    model = EDJEModel(tiny_edje_config).eval()
+    path = tmp_path_factory.mktemp("evalckpt") / "ckpt"
+    save_checkpoint(model, str(path))
+    return path, model
+
+
+def _spy_scores(monkeypatch):
+    """Record the encoder-ready image tokens and the ITM logits of every score_pairs call of an evaluation."""
+    import evaluation.rerank_eval as re_eval
+    calls = []
+    real = re_eval.score_pairs
+
+    def spy(model, texts, image_index, images, batch):
+        out = real(model, texts, image_index, images, batch)
+        calls.append((images.clone(), out.copy()))
+        return out
+
+    monkeypatch.setattr(re_eval, "score_pairs", spy)
+    return calls
+
+
+def test_evaluate_max_queries_per_image_scores_that_many_captions(tiny_world, tiny_ckpt, tmp_path):
+    root, _, raw = tiny_world
+    ckpt, _ = tiny_ckpt
+    _run(["--annotations", str(root / "world" / "flickr30k_test.json"), "--tokens", str(raw), "--checkpoint", str(ckpt),
+          "--k", "10", "--max-queries-per-image", "2", "--output", str(tmp_path / "lim")])
+    _check_outputs(tmp_path / "lim")
+    run = json.loads((tmp_path / "lim" / "run.json").read_text())
+    # 32 images x 2 captions each are the text queries (not the split's 5 per image); i2t ranks those 64 captions.
+    assert run["queries"] == {"t2i": 32 * 2, "i2t": 32}
+    assert run["timings"]["pairs_scored"] == 32 * 2 * 10 + 32 * 10
+    assert "(32 images, 64 captions)" in (tmp_path / "lim" / "metrics.md").read_text()
+
+
+def test_evaluate_quant_round_trips_raw_tables_through_the_codec(tiny_world, tiny_ckpt, tmp_path, monkeypatch):
+    root, _, raw = tiny_world
+    ckpt, model = tiny_ckpt
+    ann = str(root / "world" / "flickr30k_test.json")
+    calls = _spy_scores(monkeypatch)
+    _run(["--annotations", ann, "--tokens", str(raw), "--checkpoint", str(ckpt), "--output", str(tmp_path / "fp32")])
+    fp32_tokens, fp32_t2i = calls[0]
+    _run(["--annotations", ann, "--tokens", str(raw), "--checkpoint", str(ckpt), "--quant", "int8",
+          "--output", str(tmp_path / "int8")])
+    int8_tokens, int8_t2i = calls[2]
+    run = json.loads((tmp_path / "int8" / "run.json").read_text())
+    assert run["config"]["quant"] == "int8" and ", tokens int8" in (tmp_path / "int8" / "metrics.md").read_text()
+    # The reranker saw int8-rounded tokens: off the float adapter output, by at most half a step
+    # (step = the token's absmax / 127, its fp16 scale rounded up by at most 2^-10).
+    err = (int8_tokens - fp32_tokens).abs()
+    half_step = fp32_tokens.abs().amax(dim=-1, keepdim=True) / 127 / 2 * (1 + 2 ** -10)
+    assert err.max() > 0 and (err <= half_step + 1e-7).all()
+    # ITM logits move by under 5% of their spread over the pairs (a random head's logits lie close together:
+    # measured 1.8e-5 against a std of 9.6e-4), and recall by at most 2 of the 160 text queries.
+    assert 0 < np.abs(int8_t2i - fp32_t2i).max() < 0.05 * fp32_t2i.std()
+    m32, m8 = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("fp32", "int8"))
+    for d in ("t2i", "i2t"):
+        assert m8[d]["first_stage"] == m32[d]["first_stage"]  # the codec touches only the reranker's tokens
+        for r in ("r1", "r5", "r10"):
+            assert abs(m8[d]["reranked"][r] - m32[d]["reranked"][r]) <= 2 * 100 / 160 + 1e-9
+
+
+def test_evaluate_add_first_stage_similarity_from_the_command_line(tiny_world, tiny_ckpt, tmp_path):
+    root, _, raw = tiny_world
+    ckpt, _ = tiny_ckpt
+    base = ["--annotations", str(root / "world" / "flickr30k_test.json"), "--tokens", str(raw), "--checkpoint", str(ckpt)]
+    _run(base + ["--output", str(tmp_path / "itm")])
+    # A weight this large makes the first-stage cosine decide every order: reranking gives back the first stage.
+    _run(base + ["--add-first-stage-similarity", "1e6", "--output", str(tmp_path / "fused")])
+    itm, fused = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("itm", "fused"))
+    assert itm["ranking"]["first_stage_weight"] == 0.0 and fused["ranking"]["first_stage_weight"] == 1e6
+    assert fused["ranking"]["chosen_on"] == "given on the command line"
+    for d in ("t2i", "i2t"):
+        assert fused[d]["reranked"] == fused[d]["first_stage"]
+        assert fused[d]["reranked_itm_only"] == itm[d]["reranked"]  # ITM alone is reported beside it
+    # ITM alone reorders the top 10, so a fused ranking that fell back to ITM would be told apart.
+    assert any(itm[d]["reranked"] != itm[d]["first_stage"] for d in ("t2i", "i2t"))
+    assert "by ITM logit + 1e+06 x first-stage cosine" in (tmp_path / "fused" / "metrics.md").read_text()
