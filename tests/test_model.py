@@ -66,8 +66,13 @@ def test_joint_encoder_forward_with_576_and_64_image_tokens(minilm_path, m):
 def test_position_extension_keeps_trained_rows(minilm_path):
     je = JointEncoder(JointEncoderConfig(language_model=minilm_path, num_image_tokens=576, text_embed_dim=16))
     w = je.bert.bert.embeddings.position_embeddings.weight
-    assert w.shape[0] == 643
-    assert torch.equal(w[600], w[511])
+    assert w.shape[0] == 643  # 64 text tokens + 3 specials + 576 image tokens
+    # Rows 0-511 are MiniLM's own trained positions, bit for bit; the new rows repeat the last one.
+    from transformers import BertModel
+    trained = BertModel.from_pretrained(minilm_path).embeddings.position_embeddings.weight
+    assert trained.shape[0] == 512
+    assert torch.equal(w[:512], trained)
+    assert torch.equal(w[512:], trained[-1].expand(643 - 512, -1))
 
 
 def test_joint_encoder_rejects_bad_inputs(minilm_path):

@@ -49,11 +49,33 @@ def test_store_names_unknown_ids(store):
 
 def test_store_tokens_score_like_the_adapter_output(corpus, store):
     """int8 tokens from the store score within quantization noise of the adapter's float output."""
-    model = load_checkpoint(corpus.checkpoint)
-    tokens = torch.from_numpy(store.gather(corpus.image_ids[:4]))
+    from model.backbone import VisionBackbone
+    model = load_checkpoint(corpus.checkpoint).eval()
+    # The float adapter output, recomputed the way write_random_corpus made it (same seed, images, chunks).
+    backbone = VisionBackbone.create(corpus.config.backbone)
+    size = backbone.preprocess.size
+    images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (40, size, size, 3), dtype=np.uint8))
     with torch.no_grad():
-        s = model.encoder.score(corpus.captions[:4], tokens)
-    assert s.shape == (4,) and torch.isfinite(s).all()
+        encoded = [backbone.encode(images[i:i + 32]) for i in range(0, 40, 32)]
+        float_tokens = torch.cat([model.adapter(t) for t, _ in encoded])
+    table, _ = read_token_tables(corpus.compressed_tables)
+    order = [table.column("image_id").to_pylist().index(i) for i in corpus.image_ids]
+    stored_emb = np.stack([np.asarray(table.column("image_embedding")[r].as_py(), np.float32) for r in order])
+    np.testing.assert_allclose(torch.cat([e for _, e in encoded]).numpy(), stored_emb, atol=1e-6)  # same images
+    tokens = torch.from_numpy(store.gather(corpus.image_ids))
+    # int8 keeps each token within half a step of the float value: step = the token's absmax / 127
+    # (its fp16 scale is rounded up, by at most 2^-10 of it).
+    err = (tokens - float_tokens).abs()
+    half_step = float_tokens.abs().amax(dim=-1, keepdim=True) / 127 / 2 * (1 + 2 ** -10)
+    assert err.max() > 0 and (err <= half_step + 1e-7).all()
+    # Scores move by under 5% of their spread over the images of one caption (a random ITM head's
+    # logits lie close together: std ~1e-3), and by under 1e-2 in absolute terms.
+    with torch.no_grad():
+        caps = [c for c in corpus.captions[:4] for _ in range(40)]
+        s_int8 = model.encoder.score(caps, tokens.repeat(4, 1, 1)).view(4, 40)
+        s_float = model.encoder.score(caps, float_tokens.repeat(4, 1, 1)).view(4, 40)
+    diff = (s_int8 - s_float).abs()
+    assert diff.max() < 1e-2 and (diff.amax(dim=1) < 0.05 * s_float.std(dim=1)).all()
 
 
 def _table_with(corpus, tmp_path, **changes):

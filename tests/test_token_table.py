@@ -47,6 +47,11 @@ def test_training_table_carries_caption_and_text_embedding(tmp_path):
     write_token_table(build_table(meta, ids, tokens, emb, captions=caps, text_embeddings=emb * 2), path)
     table, _ = read_token_table(path, kind="raw")
     assert table.column("caption").to_pylist() == sorted(caps)
+    # Each row's text embedding is its own caption's, exactly as given (float32, sorted with the row).
+    # That the encode job writes the backbone's encode_text(caption) there is checked on its tables in
+    # tests/test_train_ray.py::test_training_tables_hold_the_backbones_text_embedding_of_each_caption.
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(vector_matrix(table.column("text_embedding")), (emb * 2)[order])
 
 
 def test_reader_rejects_a_table_from_another_model(tmp_path):
