@@ -147,9 +147,14 @@ def mark_committed(output: str, shard_ids) -> None:
 def run_child(args: list, code_root: str = None) -> dict:
     extra = ["--code-root", code_root] if code_root else []
     out = subprocess.run([sys.executable, __file__, *extra, *args], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    if out.returncode != 0 and not last.startswith("{"):
         raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(last)
+    if out.returncode != 0:  # measured and printed, then died on the way out: keep the figures, say so
+        result["exit_code"], result["exit_stderr"] = out.returncode, out.stderr[-300:]
+        print(f"[warning] child exited {out.returncode} after its result: {out.stderr[-300:]!r}", flush=True)
+    return result
 
 
 def compare(ref: str, lst: Path, work: Path, shard_size: int, reps: int) -> dict:
