@@ -3,6 +3,7 @@ checkpoints every N steps, and a run killed mid-way that resumes from its checkp
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -22,10 +23,13 @@ def pipeline_tables(ray_local, tmp_path_factory):
     """Raw token tables of a 48-image sample world, written by the encode pipeline (jobs/encode_cc12m.py)."""
     from pipeline.job import run_encode_job
     from schemas.encode_job import EncodeJobConfig
+    from schemas.shipped import DEFAULT_BACKBONE, shipped_weights
 
     root = tmp_path_factory.mktemp("trainworld")
+    # The job's default weights (jobs/encode_cc12m.py resolves them), so that the tables can be checked against them.
     summary = run_encode_job(EncodeJobConfig(output=str(root / "enc"), world_dir=str(root / "world"),
-                                             world_images=48, batch_size=16, shard_size=24))
+                                             world_images=48, batch_size=16, shard_size=24,
+                                             pretrained=shipped_weights(DEFAULT_BACKBONE)))
     assert summary["complete"] and summary["images_ok"] == summary["images_in"] > 40
     return root / "enc" / "tables"
 
@@ -82,3 +86,91 @@ def test_two_worker_pretrain_checkpoints_and_resumes_after_kill(ray_local, pipel
     from model.edje import load_checkpoint
     model = load_checkpoint(str(final_dir))
     assert model.config.adapter.num_queries == 8 and model.encoder.hidden_size == 64
+
+
+# Short runs of the three training jobs on the same tables: one worker, two steps, a tiny random BERT.
+TINY_RUN = ["--num-workers", "1", "--cpus-per-worker", "0.5", "--batch-size", "4", "--k", "2",
+            "--max-steps", "2", "--checkpoint-every", "2", "--log-every", "1", "--warmup-steps", "1",
+            "--adapter-hidden", "64", "--adapter-heads", "4",
+            "--random-bert", "hidden_size=64", "num_hidden_layers=1", "num_attention_heads=2", "intermediate_size=128"]
+
+
+def _train(job: str, tables: Path, root: Path, name: str, address: str, *extra: str):
+    """Run jobs/<job> to the end; (exported checkpoint dir, the JSON metric rows it logged)."""
+    export = root / f"{name}-export"
+    args = [sys.executable, str(ROOT / "jobs" / job), "--tables", str(tables), "--storage-path", str(root / "runs"),
+            "--name", name, "--export", str(export), "--ray-address", address, *TINY_RUN, *extra]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    rows = [json.loads(line[line.index("{"):]) for line in text.splitlines()
+            if '"step"' in line and '"lr"' in line and line.strip().endswith("}")]
+    rows = list({r["step"]: r for r in rows}.values())  # a worker's line may be echoed twice (stdout and Ray's log)
+    assert [r["step"] for r in rows] == [1, 2], text[-4000:]
+    return export, rows
+
+
+def _max_abs_diff(a, b) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    return max(float((sa[k].float() - sb[k].float()).abs().max()) for k in sa if sa[k].numel())
+
+
+@pytest.fixture(scope="module")
+def local_run(ray_local, pipeline_tables, tmp_path_factory):
+    """jobs/pretrain.py with --adapter local and --mining sample; its export is the teacher and init below."""
+    address = ray_local.get_runtime_context().gcs_address
+    return _train("pretrain.py", pipeline_tables, tmp_path_factory.mktemp("local"), "local", address,
+                  "--adapter", "local", "--mining", "sample", "--mining-temperature", "0.1")
+
+
+def test_pretrain_with_local_adapter_and_sampled_negatives(local_run, pipeline_tables):
+    from model.edje import load_checkpoint
+    from schemas.token_table import read_metadata
+    export, rows = local_run
+    meta = read_metadata(str(sorted(pipeline_tables.glob("*.parquet"))[0]))
+    model = load_checkpoint(str(export))
+    # The local adapter keeps every backbone token: the encoder reads all of them.
+    assert model.config.adapter.kind == "local" and model.config.encoder.num_image_tokens == meta.num_tokens
+    assert all(math.isfinite(r["loss_itm"]) and math.isfinite(r["loss_mlm"]) for r in rows)
+
+
+def test_finetune_starts_from_the_init_checkpoint(local_run, pipeline_tables, tmp_path, ray_local):
+    from model.edje import load_checkpoint
+    init, _ = local_run
+    # The model flags match the init's shape, so a run that ignored --init would still train: from random weights.
+    export, rows = _train("finetune.py", pipeline_tables, tmp_path, "ft", ray_local.get_runtime_context().gcs_address,
+                          "--init", str(init), "--adapter", "local")
+    assert all("loss_itm" in r and "loss_mlm" not in r and "loss_recovery" not in r for r in rows)  # ITM only
+    start, tuned = load_checkpoint(str(init)), load_checkpoint(str(export))
+    # Two AdamW steps at lr <= 2e-5 move a weight by ~4e-5; a fresh init differs by ~1e-1.
+    assert 0 < _max_abs_diff(start, tuned) < 1e-3
+
+
+def test_distill_trains_a_compressed_student_on_the_teachers_scores(local_run, pipeline_tables, tmp_path, ray_local):
+    from model.edje import load_checkpoint
+    teacher_dir, _ = local_run
+    export, rows = _train("distill.py", pipeline_tables, tmp_path, "distill", ray_local.get_runtime_context().gcs_address,
+                          "--teacher", str(teacher_dir), "--adapter", "compressed", "--num-queries", "8")
+    # The distillation loss is computed against the teacher's logits on every step.
+    assert all("loss_distill" in r and "loss_itm" in r for r in rows), rows
+    assert all(math.isfinite(r["loss_distill"]) and r["loss_distill"] > 0 for r in rows), rows
+    student, teacher = load_checkpoint(str(export)), load_checkpoint(str(teacher_dir))
+    assert student.config.adapter.kind == "compressed" and student.config.encoder.num_image_tokens == 8
+    # The student's joint encoder starts from the teacher's: two steps at lr <= 3e-4 stay close to it.
+    assert _max_abs_diff(student.encoder.bert, teacher.encoder.bert) < 5e-3
+
+
+def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipeline_tables):
+    import numpy as np
+    from model.backbone import VisionBackbone
+    from schemas.config import BackboneConfig
+    from schemas.token_table import read_token_tables, vector_matrix
+    table, meta = read_token_tables(sorted(str(p) for p in pipeline_tables.glob("*.parquet")))
+    captions = table.column("caption").to_pylist()
+    backbone = VisionBackbone.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer))
+    expected = backbone.encode_text(captions).numpy()
+    stored = vector_matrix(table.column("text_embedding"))
+    assert stored.shape == expected.shape == (len(captions), meta.embed_dim)
+    np.testing.assert_allclose(stored, expected, atol=1e-5, rtol=0)  # stored as float32
