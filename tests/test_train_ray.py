@@ -139,9 +139,10 @@ def test_pretrain_with_local_adapter_and_sampled_negatives(local_run, pipeline_t
 def test_finetune_starts_from_the_init_checkpoint(local_run, pipeline_tables, tmp_path, ray_local):
     from model.edje import load_checkpoint
     init, _ = local_run
-    # The model flags match the init's shape, so a run that ignored --init would still train: from random weights.
+    # The model flags match the init's shape, so a run that ignored --init would still train: from random
+    # weights, and another seed than the init's own start (the same seed would rebuild it).
     export, rows = _train("finetune.py", pipeline_tables, tmp_path, "ft", ray_local.get_runtime_context().gcs_address,
-                          "--init", str(init), "--adapter", "local")
+                          "--init", str(init), "--adapter", "local", "--seed", "1")
     assert all("loss_itm" in r and "loss_mlm" not in r and "loss_recovery" not in r for r in rows)  # ITM only
     start, tuned = load_checkpoint(str(init)), load_checkpoint(str(export))
     # Two AdamW steps at lr <= 2e-5 move a weight by ~4e-5; a fresh init differs by ~1e-1.
@@ -152,7 +153,7 @@ def test_distill_trains_a_compressed_student_on_the_teachers_scores(local_run, p
     from model.edje import load_checkpoint
     teacher_dir, _ = local_run
     export, rows = _train("distill.py", pipeline_tables, tmp_path, "distill", ray_local.get_runtime_context().gcs_address,
-                          "--teacher", str(teacher_dir), "--adapter", "compressed", "--num-queries", "8")
+                          "--teacher", str(teacher_dir), "--adapter", "compressed", "--num-queries", "8", "--seed", "1")
     # The distillation loss is computed against the teacher's logits on every step.
     assert all("loss_distill" in r and "loss_itm" in r for r in rows), rows
     assert all(math.isfinite(r["loss_distill"]) and r["loss_distill"] > 0 for r in rows), rows
