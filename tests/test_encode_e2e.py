@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -270,11 +271,13 @@ def test_worker_node_removed_mid_run_then_rerun_completes(tmp_path):
             (tmp_path / "urls.tsv").write_text("\n".join(lines) + "\n")
             cmd = JOB + ["--input", str(tmp_path / "urls.tsv"), "--output", str(out), "--shard-size", "8",
                          "--batch-size", "8", "--download-threads", "2", "--address", cluster.address]
-            first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            # To a file, not a pipe: a driver blocked on a full pipe would look like a hung run.
+            log1 = open(tmp_path / "first.log", "w")
+            first = subprocess.Popen(cmd, env=env, stdout=log1, stderr=subprocess.STDOUT, text=True)
             deadline = time.time() + 240
             while not glob.glob(str(out / "stats" / "*.json")) and first.poll() is None and time.time() < deadline:
                 time.sleep(0.2)
-            assert first.poll() is None, "the job ended before any shard was committed:\n" + first.stdout.read()[-3000:]
+            assert first.poll() is None, "the job ended before any shard was committed:\n" + (tmp_path / "first.log").read_text()[-3000:]
             n_shards = len(rows) // 8
             committed_at_fault = len(glob.glob(str(out / "stats" / "*.json")))
             assert committed_at_fault < n_shards
@@ -286,10 +289,26 @@ def test_worker_node_removed_mid_run_then_rerun_completes(tmp_path):
                    and len(glob.glob(str(out / "stats" / "*.json"))) <= committed_at_fault):
                 time.sleep(0.2)
             killed = first.poll() is None
+            after = len(glob.glob(str(out / "stats" / "*.json")))
             if killed:
                 first.kill()
             first.wait()
+            log1.close()
+            text1 = (tmp_path / "first.log").read_text()
             left = n_shards - len(glob.glob(str(out / "stats" / "*.json")))
+            # What became of the first run: either it rode out the lost node and kept committing shards
+            # (the lost node's work redone elsewhere), or it stopped with an error naming the problem.
+            # Still running at the deadline with nothing committed since the fault: it hung.
+            if killed:
+                assert after > committed_at_fault, (f"the first run hung after the node was removed: still "
+                                                    f"{after}/{n_shards} shards after 240 s\n" + text1[-3000:])
+            else:
+                assert first.returncode != 0, "the first run finished every shard before it could be stopped"
+                tail = text1[-3000:]  # where the driver's final error lies
+                assert re.search(r"Error|Exception|\[encode\] incomplete", tail) and \
+                    re.search(r"node|died|lost|unavailable", tail, re.I), \
+                    f"the first run failed (exit {first.returncode}) without naming the problem:\n" + tail
+            assert left > 0, "nothing was left for the rerun to finish"
             print(f"first run: {'killed' if killed else f'exit {first.returncode}'}, {committed_at_fault}/{n_shards} "
                   f"shards committed at the node loss, {left} left for the rerun")
             cluster.add_node(num_cpus=1, object_store_memory=300 * MiB)
