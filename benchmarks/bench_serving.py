@@ -7,7 +7,8 @@ Prints, from one run, measured side by side:
    figure with the 1-minute load average at its start and end (a busy machine reads low);
 3. joint-encoder pairs/s in-process for compressed-64, local-576, a text-only MiniLM
    cross-encoder of the same size over 64-wordpiece documents, and a BLIP-style path that runs
-   the vision backbone online for every pair (then adapter + joint encoder).
+   the vision backbone online for every pair (then adapter + joint encoder);
+4. the batching ceiling: in-process joint-encoder pairs/s against the forward's batch size.
 
 The joint encoder is MiniLM-L6-H384 sized (the offline all-MiniLM-L6-v2 weights); model weights
 do not change speed, so adapters and the backbone are randomly initialised. GPU mode
@@ -296,6 +297,42 @@ def bench_encoder(args, out: dict) -> None:
                 ("path", "pairs/s", "compressed-64 / this"))
 
 
+def bench_ceiling(args, out: dict) -> None:
+    """In-process joint-encoder pairs/s against forward batch size: the most dynamic batching can gain.
+
+    Over HTTP, batching saves per-request costs and turns small forwards into large ones; the second
+    part is bounded by how much faster one forward of B pairs is than B forwards of one pair. On a
+    CPU a MiniLM over ~80 tokens is already matrix-bound at batch 1; on a GPU it is launch-bound.
+    """
+    from model.joint_encoder import JointEncoder
+
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    torch.set_num_threads(args.threads)
+    enc = JointEncoder(encoder_config(args.lm, 64)).to(device, dtype).eval()
+    sizes = sorted(set(args.ceiling_batches))
+    texts = captions(max(sizes), seed=5)
+    tokens = torch.randn(max(sizes), 64, enc.hidden_size, device=device, dtype=dtype)
+    total = max(sizes)  # every size scores the same pairs: `total // b` forwards of b pairs
+
+    @torch.inference_mode()
+    def run(b: int) -> None:
+        for i in range(0, total, b):
+            enc.score(texts[i:i + b], tokens[i:i + b])
+
+    times: Dict[int, List[float]] = {b: [] for b in sizes}
+    for rnd in range(args.encoder_reps + 1):  # round-robin, round 0 warms up
+        for b in sizes:
+            t = timed(lambda: run(b), 1, warmup=0)
+            if rnd:
+                times[b].append(t)
+    rate = {b: total / statistics.median(times[b]) for b in sizes}
+    out["ceiling_pairs_per_s"] = {f"b{b}": rate[b] for b in sizes}
+    print_table(f"joint encoder pairs/s by forward batch size ({args.lm}, {args.dtype}, {device}, {args.threads} threads)",
+                [(str(b), f"{rate[b]:.1f}", f"{rate[b] / rate[sizes[0]]:.2f}") for b in sizes],
+                ("pairs per forward", "pairs/s", f"/ batch {sizes[0]}"))
+
+
 def print_table(title: str, rows, header) -> None:
     print(f"\n## {title}")
     print("| " + " | ".join(header) + " |")
@@ -310,7 +347,7 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()  # the MLM/classifier heads are newly initialised on purpose
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", default="http,encoder", help="comma list of http, encoder")
+    p.add_argument("--parts", default="http,encoder,ceiling", help="comma list of http, encoder, ceiling")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--lm", default="l6", choices=["l6", "l12"], help="MiniLM-L6 (offline weights) or L12-H384 shape")
@@ -324,6 +361,7 @@ def main() -> None:
     p.add_argument("--max-batch-pairs", type=int, default=256)
     p.add_argument("--encoder-batch", type=int, default=64)
     p.add_argument("--encoder-reps", type=int, default=5)
+    p.add_argument("--ceiling-batches", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--skip-local", action="store_true")
     p.add_argument("--skip-online", action="store_true")
     p.add_argument("--online-backbone", default="ViT-L-16-SigLIP2-384")
@@ -339,6 +377,8 @@ def main() -> None:
         bench_http(args, out)
     if "encoder" in parts:
         bench_encoder(args, out)
+    if "ceiling" in parts:
+        bench_ceiling(args, out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
