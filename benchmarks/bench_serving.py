@@ -158,13 +158,17 @@ def bench_http(args, out: dict) -> None:
         unbatched = replace(cfg, dynamic_batching=False, reranker=DeploymentResources(num_cpus=0, max_ongoing_requests=256))
         serve.run(build(unbatched), name="bench-unbatched", route_prefix="/unbatched")
         urls = {True: url, False: f"http://127.0.0.1:{port}/unbatched/v1/rerank"}
-        rows, tput, load = [], {}, {}
+        rows, tput, load, profile = [], {}, {}, {}
         for c in args.concurrency:
             for batching in (True, False):
-                before = os.getloadavg()[0]
-                tput[(batching, c)] = asyncio.run(throughput(urls[batching], corpus.image_ids, queries, c, args.docs_per_request,
-                                                             max(args.min_requests, args.requests_per_worker * c)))
+                before, cpu_before = os.getloadavg()[0], process_cpu_s()
+                n_req = max(args.min_requests, args.requests_per_worker * c)
+                tput[(batching, c)] = asyncio.run(throughput(urls[batching], corpus.image_ids, queries, c, args.docs_per_request, n_req))
                 load[(batching, c)] = (before, os.getloadavg()[0])
+                # Where the CPU went, per request (warm-up requests included: one per connection).
+                cpu_after = process_cpu_s()
+                profile[(batching, c)] = {k: 1e3 * (cpu_after[k] - cpu_before.get(k, 0.0)) / (n_req + c)
+                                          for k in cpu_after if cpu_after[k] - cpu_before.get(k, 0.0) > 0.005}
             rows.append((str(c), f"{tput[(True, c)]:.0f}", f"{tput[(False, c)]:.0f}", f"{tput[(True, c)] / tput[(False, c)]:.2f}",
                          "{:.1f}-{:.1f} / {:.1f}-{:.1f}".format(*load[(True, c)], *load[(False, c)])))
         out["throughput_pairs_per_s"] = {f"c{c}": dict(batching=tput[(True, c)], no_batching=tput[(False, c)],
@@ -174,9 +178,35 @@ def bench_http(args, out: dict) -> None:
         out["throughput_docs_per_request"] = args.docs_per_request
         print_table(f"HTTP throughput, {args.docs_per_request} documents per request (pairs/s)", rows,
                     ("concurrency", "@serve.batch", "no batching", "ratio", "load avg 1m (start-end) batch / none"))
+        names = sorted({k for v in profile.values() for k in v})
+        out["cpu_ms_per_request"] = {f"{'batch' if b else 'none'}_c{c}": v for (b, c), v in profile.items()}
+        print_table("CPU ms per request by process (all processes on this machine titled ray::, and the client)",
+                    [(f"{'@serve.batch' if b else 'no batching'}, c={c}", *(f"{v.get(k, 0.0):.1f}" for k in names),
+                      f"{sum(v.values()):.1f}") for (b, c), v in profile.items()], ("run", *names, "total"))
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def process_cpu_s() -> Dict[str, float]:
+    """CPU seconds (user + system) so far of this machine's Ray processes by title, and of this client."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu: Dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace").split(" ")[0]
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if title.startswith("ray::"):
+            # Serve's processes by name; everything else titled ray:: (other jobs' workers too) in one column.
+            name = title[5:] if ("Serve" in title or "Proxy" in title) else "other ray::"
+            cpu[name] = cpu.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    t = os.times()
+    cpu["client (this process)"] = t.user + t.system
+    return cpu
 
 
 async def throughput(url: str, image_ids: List[str], queries: List[str], concurrency: int, docs: int, total: int) -> float:
