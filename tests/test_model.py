@@ -123,3 +123,24 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
         load_checkpoint(str(tmp_path / "ckpt"))
     with pytest.raises(CheckpointError, match="not an EDJE checkpoint"):
         load_checkpoint(str(tmp_path))
+
+
+def test_a_student_built_on_a_copied_encoder_feeds_it_at_its_width(tiny_edje_config, tmp_path):
+    """jobs/distill.py copies the teacher's encoder: the student's adapter must output that encoder's width,
+    not the default language model's (384) that the command line's (absent) BERT flags imply."""
+    from schemas.token_table import TableMetadata
+    from training.config import ModelSpec
+    from training.model_init import build_model
+
+    teacher = EDJEModel(tiny_edje_config)
+    save_checkpoint(teacher, str(tmp_path / "teacher"))
+    meta = TableMetadata(kind="raw", backbone="edje-tiny-clip", pretrained=None, feature_layer=teacher.config.backbone.feature_layer,
+                         num_tokens=65, width=128, quantization="fp16", embed_dim=128)
+    student = build_model(ModelSpec(adapter="compressed", num_queries=8, adapter_hidden=64, adapter_heads=4), meta,
+                          init_encoder_from=str(tmp_path / "teacher"))
+    assert student.config.adapter.output_dim == student.encoder.hidden_size == 64
+    assert torch.equal(student.encoder.bert.bert.embeddings.word_embeddings.weight,
+                       teacher.encoder.bert.bert.embeddings.word_embeddings.weight)
+    out = student.adapter(torch.randn(2, 65, 128))
+    assert out.shape == (2, 8, 64)
+    assert student.encoder.score(["a red circle", "a blue square"], out).shape == (2,)

@@ -56,9 +56,12 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
         check_backbone(source.config, meta, init_encoder_from)
         # The encoder is copied whole, so its BERT shape and tokenizer are the source's.
         enc = source.config.encoder
-        cfg = replace(cfg, encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
-                                           bert_config=enc.bert_config or cfg.encoder.bert_config,
-                                           max_text_tokens=enc.max_text_tokens))
+        # The adapter feeds that encoder, so its output width is the source's hidden size, whatever
+        # the command line's BERT flags say.
+        cfg = replace(cfg, adapter=replace(cfg.adapter, output_dim=source.encoder.hidden_size),
+                      encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
+                                      bert_config=enc.bert_config or cfg.encoder.bert_config,
+                                      max_text_tokens=enc.max_text_tokens))
         model = EDJEModel(cfg, load_language_model=False)
         load_state(model.encoder, source.encoder.state_dict(), init_encoder_from)
     elif spec.bert_config is not None:
