@@ -44,6 +44,7 @@ import torch  # noqa: E402
 
 from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig  # noqa: E402
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MINILM_L12 = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=12, num_attention_heads=12,
                   intermediate_size=1536, max_position_embeddings=512)
 
@@ -246,6 +247,18 @@ def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def round_robin(calls: Dict[object, Callable[[], object]], reps: int) -> Dict[object, float]:
+    """Median seconds per call of each, called in rounds (one call of each per round, round 0 warms
+    up), so that a shared machine's load hits all of them alike."""
+    times: Dict[object, List[float]] = {key: [] for key in calls}
+    for rnd in range(reps + 1):
+        for key, fn in calls.items():
+            t = timed(fn, 1, warmup=0)
+            if rnd:
+                times[key].append(t)
+    return {key: statistics.median(ts) for key, ts in times.items()}
+
+
 def bench_encoder(args, out: dict) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -253,7 +266,7 @@ def bench_encoder(args, out: dict) -> None:
     from model.joint_encoder import JointEncoder
 
     device = torch.device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     b = args.encoder_batch
     texts = captions(b, seed=3)
@@ -292,15 +305,8 @@ def bench_encoder(args, out: dict) -> None:
         enc = tok(texts, docs, truncation="only_second", max_length=64 + 64 + 3, padding=True, return_tensors="pt").to(device)
         return ce(**enc).logits
     paths["text-only MiniLM cross-encoder (64-token docs)"] = cross
-    # Round-robin over the paths, one call each per round, so that a shared machine's load hits all alike.
-    times: Dict[str, List[float]] = {name: [] for name in paths}
-    for rnd in range(args.encoder_reps + 1):
-        for name, fn in paths.items():
-            t = timed(fn, 1, warmup=0)
-            if rnd:  # round 0 warms up
-                times[name].append(t)
-    for name in paths:
-        results[name] = b / statistics.median(times[name])
+    for name, seconds in round_robin(paths, args.encoder_reps).items():
+        results[name] = b / seconds
 
     if not args.skip_online:
         from model.backbone import VisionBackbone
@@ -337,7 +343,7 @@ def bench_ceiling(args, out: dict) -> None:
     from model.joint_encoder import JointEncoder
 
     device = torch.device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     enc = JointEncoder(encoder_config(args.lm, 64)).to(device, dtype).eval()
     sizes = sorted(set(args.ceiling_batches))
@@ -350,13 +356,8 @@ def bench_ceiling(args, out: dict) -> None:
         for i in range(0, total, b):
             enc.score(texts[i:i + b], tokens[i:i + b])
 
-    times: Dict[int, List[float]] = {b: [] for b in sizes}
-    for rnd in range(args.encoder_reps + 1):  # round-robin, round 0 warms up
-        for b in sizes:
-            t = timed(lambda: run(b), 1, warmup=0)
-            if rnd:
-                times[b].append(t)
-    rate = {b: total / statistics.median(times[b]) for b in sizes}
+    seconds = round_robin({b: (lambda b=b: run(b)) for b in sizes}, args.encoder_reps)
+    rate = {b: total / seconds[b] for b in sizes}
     out["ceiling_pairs_per_s"] = {f"b{b}": rate[b] for b in sizes}
     print_table(f"joint encoder pairs/s by forward batch size ({args.lm}, {args.dtype}, {device}, {args.threads} threads)",
                 [(str(b), f"{rate[b]:.1f}", f"{rate[b] / rate[sizes[0]]:.2f}") for b in sizes],
