@@ -172,7 +172,7 @@ class _Dups:
         self.examples = pa.table({"row": pa.array([], pa.int64()), "value": pa.array([], pa.string())})
 
     def add(self, table: pa.Table) -> np.ndarray:
-        """Mark rows whose key equals that of an earlier row; returns the mask in the table's order.
+        """Mark rows whose key equals that of an earlier row of a bucket file; returns the mask in its order.
 
         Rows are grouped by their 64-bit key hash (a numpy sort of integers); only rows that share
         a hash with another row, the duplicates and the rare true collisions, are then compared
@@ -182,7 +182,7 @@ class _Dups:
         mask = np.zeros(n, dtype=bool)
         if n < 2:
             return mask
-        h = table.column(HASH).to_numpy() if HASH in table.column_names else string_hash(table.column(self.key))
+        h = table.column(HASH).to_numpy()  # bucket files carry their key's hash (BucketSpill.add)
         order = np.argsort(h)
         sorted_h = h[order]
         same = sorted_h[1:] == sorted_h[:-1]
