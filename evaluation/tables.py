@@ -2,13 +2,17 @@
 small training sets. The encode pipeline (jobs/encode_cc12m.py) is the distributed writer; this one
 exists for annotation files whose images are already on disk, and can write one row per caption.
 
+`--scene-tokens WORLD` writes the sample world's perfect scene tokens (sampleworld/scene_tokens.py,
+a diagnostic ceiling) in place of the backbone's; embeddings stay the backbone's, so the first
+stage is unchanged, and the metadata names the token source so no job mistakes one for the other.
+
   python -m evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-convvit \
       --pretrained checkpoints/edje-tiny-convvit-sw.safetensors --output runs/test_raw.parquet
 """
 from __future__ import annotations
 
 import argparse
-from typing import Literal
+from typing import Literal, Optional
 
 import fsspec
 import numpy as np
@@ -16,15 +20,19 @@ import torch
 
 from evaluation.annotations import load_annotations, load_images
 from model.backbone import VisionBackbone, default_feature_layer
+from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
+from sampleworld.world import load_world
 from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, build_table, write_token_table
 
 
 def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
-                       rows: Literal["image", "caption"] = "image", batch_size: int = 128) -> int:
+                       rows: Literal["image", "caption"] = "image", batch_size: int = 128,
+                       scene_tokens: Optional[str] = None) -> int:
     """Write a raw token table (fp16 tokens, embeddings, caption + text embedding); returns its row count.
 
     rows="image": one row per image with its first caption; rows="caption": one row per caption.
+    scene_tokens: a sample world's directory; its perfect scene tokens replace the backbone's.
     """
     ann = load_annotations(annotations)
     n, d = backbone.token_shape
@@ -37,6 +45,8 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
         tokens.append(t.float().numpy())
         embs.append(e.numpy())
     tokens, embs = np.concatenate(tokens), np.concatenate(embs)
+    if scene_tokens is not None:
+        tokens, meta = perfect_tokens(scene_tokens, ann.image_ids, backbone)
     if rows == "image":
         caption_rows = np.array([caps[0] for caps in ann.image_to_captions()])
     elif rows == "caption":
@@ -54,6 +64,18 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
     return table.num_rows
 
 
+def perfect_tokens(world: str, image_ids, backbone: VisionBackbone, cfg: SceneTokenConfig = SceneTokenConfig()):
+    """(scene tokens [N, grid*grid, width], their table metadata) for images of a sample world."""
+    by_id = load_world(world).by_id()
+    missing = [i for i in image_ids if i not in by_id]
+    if missing:
+        raise ValueError(f"{len(missing)} images are not in the world at {world} (e.g. {missing[:3]})")
+    meta = TableMetadata(kind="raw", backbone=SCENE_TOKENS_BACKBONE, pretrained=cfg.pretrained_tag, feature_layer="final",
+                         num_tokens=cfg.num_tokens, width=cfg.width, quantization="fp16", embed_dim=backbone.embed_dim,
+                         embedding_backbone=backbone.config.name, embedding_pretrained=backbone.config.pretrained)
+    return SceneTokenizer(cfg).batch([by_id[i].scene for i in image_ids]), meta
+
+
 def main(argv=None) -> None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description="Raw token table from a Karpathy-style annotation file")
@@ -63,9 +85,11 @@ def main(argv=None) -> None:
     p.add_argument("--feature-layer", choices=["final", "penultimate"], help="default: the backbone kind's")
     p.add_argument("--rows", default="image", choices=["image", "caption"])
     p.add_argument("--output", required=True)
+    p.add_argument("--scene-tokens", metavar="WORLD", help="diagnostic: the sample world's perfect scene tokens "
+                   "(from WORLD/world.json) in place of the backbone's; embeddings stay the backbone's")
     a = p.parse_args(argv)
     bb = VisionBackbone.create(BackboneConfig(a.backbone, a.pretrained, a.feature_layer or default_feature_layer(a.backbone)))
-    print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows)} rows to {a.output}")
+    print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows, scene_tokens=a.scene_tokens)} rows to {a.output}")
 
 
 if __name__ == "__main__":

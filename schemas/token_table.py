@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from model.codecs import TokenCodec
-from schemas.config import CodecConfig
+from schemas.config import BackboneConfig, CodecConfig
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"edje"
@@ -51,6 +51,16 @@ class TableMetadata:
     group_size: Optional[int] = None
     adapter_hash: Optional[str] = None  # None for raw tables
     schema_version: int = SCHEMA_VERSION
+    # When the tokens come from another source than `backbone` (the sample world's perfect scene
+    # tokens, a diagnostic), the open_clip model whose pooled image / text embeddings the table holds.
+    embedding_backbone: Optional[str] = None
+    embedding_pretrained: Optional[str] = None
+
+    def first_stage_backbone(self, pretrained_override: Optional[str] = None) -> BackboneConfig:
+        """The backbone that embeds queries against this table's image embeddings (the first stage)."""
+        if self.embedding_backbone:
+            return BackboneConfig(self.embedding_backbone, pretrained_override or self.embedding_pretrained)
+        return BackboneConfig(self.backbone, pretrained_override or self.pretrained, self.feature_layer)
 
     @property
     def codec(self) -> TokenCodec:
