@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from evaluation.annotations import Annotations, load_annotations
+from evaluation.calibration import calibration_report, fit_platt
 from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers, within_group_accuracy
 from model.backbone import VisionBackbone
 from model.codecs import TokenCodec
 from model.edje import EDJEModel, load_checkpoint
 from model.ranking import RankingConfig, read_ranking, write_ranking
-from schemas.config import BackboneConfig, CodecConfig
+from schemas.config import CodecConfig
 from schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, read_token_tables, vector_matrix
 
 
@@ -42,6 +43,9 @@ class EvalConfig:
     first_stage_weight: Optional[float] = None
     # Choose the fusion weight on these annotations (a validation split!) and record it in the checkpoint.
     fit_first_stage_weight: bool = False
+    # Fit the Platt scaling of the rule's score on these annotations (a validation split!) and record it.
+    # Fitting the weight always refits it: a calibration belongs to one weight.
+    fit_calibration: bool = False
     quant: Optional[str] = None  # raw tables only: round-trip adapter output through this codec
     group_size: Optional[int] = None
     backbone_pretrained: Optional[str] = None  # override the tables' pretrained path (e.g. moved checkpoint)
@@ -57,6 +61,8 @@ class EvalConfig:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.fit_first_stage_weight and self.first_stage_weight is not None:
             raise ValueError("give a first-stage weight or fit one, not both")
+        if self.fit_calibration and self.first_stage_weight is not None:
+            raise ValueError("calibration is fitted for the recorded (or fitted) weight, not a command-line override")
 
 
 @dataclass
@@ -133,7 +139,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
     rows = select_rows(ann, table.column("image_id").to_pylist())
     table = table.take(rows)
     image_emb = vector_matrix(table.column("image_embedding"))
-    backbone = VisionBackbone.create(BackboneConfig(meta.backbone, cfg.backbone_pretrained or meta.pretrained, meta.feature_layer))
+    backbone = VisionBackbone.create(meta.first_stage_backbone(cfg.backbone_pretrained))
     text_emb = np.concatenate([backbone.encode_text(ann.captions[i:i + 512]).numpy() for i in range(0, len(ann.captions), 512)])
     if text_emb.shape[1] != image_emb.shape[1]:
         raise TableMismatchError("embed_dim", image_emb.shape[1], text_emb.shape[1])
@@ -168,12 +174,18 @@ def evaluate(cfg: EvalConfig) -> Dict:
 
         if cfg.fit_first_stage_weight:
             ranking, sweep = fit_first_stage_weight(ranked, t2i.answers, i2t.answers, str(cfg.annotations))
-            write_ranking(cfg.checkpoint, ranking)
             timings["first_stage_weight_sweep"] = sweep
         elif cfg.first_stage_weight is not None:
             ranking = RankingConfig(cfg.first_stage_weight, chosen_on="given on the command line")
         else:
             ranking = read_ranking(cfg.checkpoint)
+        # Every reranked candidate pair of both directions, its score under the rule and whether it is a match.
+        pair_scores = np.concatenate([ranking.fuse(s_t2i, t2i_sim[:, :k]).ravel(), ranking.fuse(s_i2t, i2t_sim[:, :kc]).ravel()])
+        pair_labels = np.concatenate([candidate_labels(t2i_idx[:, :k], t2i.answers).ravel(),
+                                      candidate_labels(i2t_idx[:, :kc], i2t.answers).ravel()])
+        if cfg.fit_first_stage_weight or cfg.fit_calibration:
+            ranking = ranking.with_calibration(*fit_platt(pair_scores, pair_labels), where=str(cfg.annotations))
+            write_ranking(cfg.checkpoint, ranking)
         t2i.reranked, i2t.reranked = ranked(ranking)
         itm_only = ranked(RankingConfig(0.0))
     metrics = {
@@ -182,6 +194,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     }
     if model is not None:
         metrics["ranking"] = asdict(ranking)
+        # What relevance_score means on this split: mean probability of true pairs vs the other candidates.
+        metrics["calibration"] = {"calibrated": ranking.calibrated,
+                                  **calibration_report(ranking.probability(pair_scores), pair_labels)}
         if ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
             for name, st, order in (("t2i", t2i, itm_only[0]), ("i2t", i2t, itm_only[1])):
                 metrics[name]["reranked_itm_only"] = recall(order, st.answers)
@@ -204,6 +219,11 @@ def evaluate(cfg: EvalConfig) -> Dict:
            "timings": timings, "torch_threads": torch.get_num_threads()}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return metrics
+
+
+def candidate_labels(candidates: np.ndarray, answers: Sequence[np.ndarray]) -> np.ndarray:
+    """bool [Q, k]: whether each query's candidate is one of its answers."""
+    return np.stack([np.isin(row, ans) for row, ans in zip(candidates, answers)])
 
 
 FUSION_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -248,6 +268,11 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
             lines.append(f"| {label} | {name} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} |")
         gain = {k: metrics[d]["reranked"][k] - metrics[d]["first_stage"][k] for k in ("r1", "r5", "r10")}
         lines.append(f"| {label} | gain | {gain['r1']:+.2f} | {gain['r5']:+.2f} | {gain['r10']:+.2f} |")
+    if "calibration" in metrics:
+        c = metrics["calibration"]
+        lines += ["", f"relevance_score ({'calibrated' if c['calibrated'] else 'sigmoid of the score, not calibrated'}) "
+                  f"over the {c['pairs']} reranked pairs: mean {c['mean_p_true']} for true pairs, {c['mean_p_other']} "
+                  f"for the other candidates; ECE {c['ece']}, log loss {c['log_loss']}."]
     fam = [(d, metrics[d]["within_family"]) for d in ("t2i", "i2t") if "within_family" in metrics[d]]
     if fam:
         lines += ["", f"Binding: within-family accuracy in the top {cfg.k} (the right image/caption ranked above "

@@ -34,7 +34,10 @@ def main(argv=None) -> None:
                    "(the served ranking is the checkpoint's: see --fit-first-stage-weight)")
     p.add_argument("--fit-first-stage-weight", action="store_true",
                    help="choose the fusion weight on these annotations (use a validation split) and record it in "
-                   "the checkpoint, where evaluation and serving read it")
+                   "the checkpoint, where evaluation and serving read it (the score's calibration is refitted with it)")
+    p.add_argument("--fit-calibration", action="store_true",
+                   help="fit the Platt scaling of the checkpoint's ranking score on these annotations (use a validation "
+                   "split) and record it: the served relevance_score = sigmoid(a x score + b)")
     p.add_argument("--quant", choices=["fp32", "fp16", "int8", "int4"],
                    help="raw tables: round-trip the adapter output through this token codec")
     p.add_argument("--group-size", type=int, help="int4 scale group size")
@@ -46,7 +49,8 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
                      backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity,
-                     fit_first_stage_weight=a.fit_first_stage_weight, quant=a.quant,
+                     fit_first_stage_weight=a.fit_first_stage_weight,
+                     fit_calibration=a.fit_calibration, quant=a.quant,
                      group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
                      max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads)
     metrics = evaluate(cfg)

@@ -3,9 +3,16 @@
 BLIP-style fusion ranks by ``ITM logit + w x first-stage cosine``. The weight belongs to the
 checkpoint (chosen on a validation split, recorded in its config.json under "ranking"), so that
 an evaluation describes exactly the ranking that the served model returns.
+
+The ranking score is not a probability (a fused score is ~ 32 x cosine: sigmoid of it is 1.0 for
+every good candidate). Platt scaling, fitted on a validation split and recorded beside the weight,
+maps it to one: ``relevance = sigmoid(a x score + b)``, the probability that a first-stage
+candidate is a true match (evaluation/calibration.py fits a, b). Checkpoints without it keep
+``sigmoid(score)``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -23,10 +30,45 @@ class RankingConfig:
 
     first_stage_weight: float = 0.0
     chosen_on: Optional[str] = None
+    # Platt scaling of the score: relevance = sigmoid(scale x score + bias); None = not calibrated.
+    calibration_scale: Optional[float] = None
+    calibration_bias: Optional[float] = None
+    calibrated_on: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.first_stage_weight) or self.first_stage_weight < 0:
             raise ValueError(f"first_stage_weight must be a finite number >= 0, got {self.first_stage_weight}")
+        if (self.calibration_scale is None) != (self.calibration_bias is None):
+            raise ValueError("calibration_scale and calibration_bias go together")
+        if self.calibrated and not (np.isfinite(self.calibration_scale) and np.isfinite(self.calibration_bias)
+                                    and self.calibration_scale >= 0):
+            raise ValueError(f"calibration must be finite with scale >= 0, got "
+                             f"({self.calibration_scale}, {self.calibration_bias})")
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether relevance is a fitted probability (else sigmoid of the raw score)."""
+        return self.calibration_scale is not None
+
+    def probability(self, scores) -> np.ndarray:
+        """Relevance of ranking scores: sigmoid(scale x score + bias), or sigmoid(score) when not calibrated."""
+        x = np.asarray(scores, dtype=np.float64)
+        if self.calibrated:
+            x = self.calibration_scale * x + self.calibration_bias
+        # exp of -|x| only: no overflow for any score.
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+    def describe(self) -> str:
+        """The rule in words (GET /v1/info, reports)."""
+        score = "ITM logit" + (f" + {self.first_stage_weight:g} x first-stage cosine" if self.first_stage_weight else "")
+        if self.calibrated:
+            return f"score = {score}; relevance = sigmoid({self.calibration_scale:.4g} x score + {self.calibration_bias:.4g})"
+        return f"score = {score}; relevance = sigmoid(score) (not calibrated)"
+
+    def with_calibration(self, scale: float, bias: float, where: str) -> "RankingConfig":
+        """This rule with a fitted Platt scaling."""
+        return dataclasses.replace(self, calibration_scale=float(scale), calibration_bias=float(bias), calibrated_on=where)
 
     def fuse(self, itm_logits, similarity):
         """Ranking scores: ITM logits plus w x first-stage similarity (numpy arrays or torch tensors)."""
@@ -39,7 +81,7 @@ class RankingConfig:
 
 
 def read_ranking(checkpoint: str) -> RankingConfig:
-    """The checkpoint's ranking rule (plain ITM when it records none)."""
+    """The checkpoint's ranking rule (plain ITM, uncalibrated, when it records none)."""
     fs, root = fsspec.core.url_to_fs(checkpoint)
     with fs.open(f"{root}/config.json") as f:
         meta = json.load(f)

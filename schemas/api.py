@@ -3,19 +3,23 @@
 `/v1/rerank` takes and returns Jina's rerank shape and `/v2/rerank` Cohere's, so that clients
 written for those services work by changing only their base URL. Documents are image ids of
 the served corpus. Unknown request fields are ignored (those clients send extras such as
-`max_tokens_per_doc`). The request models are built from `ApiLimits` (`request_models`), so
+`max_tokens_per_doc`). A document object's `image` may also carry the image itself (an http(s)
+url, a `data:` url or base64 bytes; `image_source`). The request models are built from `ApiLimits` (`request_models`), so
 the limits the server enforces (document count, text length, non-blank text, top_n >= 1) are
 the ones its OpenAPI schema states: one configuration, validated by pydantic, documented by FastAPI.
 """
 # No `from __future__ import annotations`: the models built inside request_models refer to local types.
 import functools
+import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Dict, List, Literal, Optional, Type, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NON_BLANK = r"\S"  # at least one non-whitespace character (JSON Schema patterns search, like pydantic's)
 MAX_ID_CHARS = 512  # image ids are short keys; longer strings cannot be in the corpus
+MAX_URL_CHARS = 2048
+URL_PATTERN = r"^https?://\S+$"
 DOCUMENT_KEYS = ("id", "image_id", "image", "text")
 
 ImageId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=NON_BLANK,
@@ -33,6 +37,14 @@ class ApiLimits:
     max_k: int = 256  # negatives per pair and direction
     max_pool: int = 1024  # embedding candidates per sample when rescoring
     can_rescore: bool = True  # False: /v1/negatives is served without a joint encoder
+    max_image_bytes: int = 10_000_000  # one image (url body or decoded base64)
+    max_image_pixels: int = 40_000_000  # width x height of one decoded image
+    max_image_documents: int = 16  # inline images per rerank request
+
+    @property
+    def max_image_chars(self) -> int:
+        """Characters of an image as base64 text (4 per 3 bytes) plus room for a data: url prefix."""
+        return 4 * math.ceil(self.max_image_bytes / 3) + 64
 
 
 class _Request(BaseModel):
@@ -51,19 +63,33 @@ class DocumentByImageId(_Request):
     image_id: ImageId
 
 
-class DocumentByImage(_Request):
-    """A document object naming its image by `image`."""
-
-    image: ImageId
-
-
 class DocumentByText(_Request):
     """A document object whose `text` is the image id (what Jina's text documents carry)."""
 
     text: ImageId
 
 
-DocumentRef = Union[ImageId, DocumentById, DocumentByImageId, DocumentByImage, DocumentByText]
+def image_source(value: str) -> Tuple[str, str]:
+    """What a document's `image` string is: ('url', u) for http(s) urls, ('base64', b) for a data: url or a
+    string longer than an id can be, else ('id', value)."""
+    if value.startswith(("http://", "https://")):
+        return "url", value
+    if value.startswith("data:"):
+        return "base64", value.split(",", 1)[1] if "," in value else ""
+    if len(value) > MAX_ID_CHARS:
+        return "base64", value
+    return "id", value
+
+
+def document_ref(doc: Union[str, BaseModel, Dict[str, Any]]) -> Tuple[str, str]:
+    """('id', image id) for documents naming a corpus image; ('url' | 'base64', value) for inline images."""
+    if isinstance(doc, str):
+        return "id", doc
+    fields = doc if isinstance(doc, dict) else doc.model_dump()
+    for key in DOCUMENT_KEYS:
+        if isinstance(fields.get(key), str):
+            return image_source(fields[key]) if key == "image" else ("id", fields[key])
+    raise ValueError(f"a document object must carry one of {list(DOCUMENT_KEYS)} as a string")
 
 
 def document_id(doc: Union[str, BaseModel, Dict[str, Any]]) -> str:
@@ -85,29 +111,59 @@ class RequestModels:
     text_rerank: Type[BaseModel]
     search: Type[BaseModel]
     negatives: Type[BaseModel]
+    add_image: Type[BaseModel]
 
 
 @functools.lru_cache(maxsize=None)
 def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
     """Request models whose constraints are `limits` (the server validates with them; OpenAPI shows them)."""
     Text = Annotated[str, Field(min_length=1, max_length=limits.max_text_chars, pattern=NON_BLANK)]
+    ImageData = Annotated[str, Field(min_length=1, max_length=limits.max_image_chars, pattern=NON_BLANK,
+                                     description=f"base64 image bytes (at most {limits.max_image_bytes} bytes) or a "
+                                                 "data: url")]
+    Url = Annotated[str, Field(min_length=8, max_length=MAX_URL_CHARS, pattern=URL_PATTERN,
+                               description=f"http(s) url of an image (at most {limits.max_image_bytes} bytes)")]
+
+    class DocumentByImage(_Request):
+        """A document object whose `image` is an image id, an http(s) url, a data: url or base64 image bytes
+        (a string longer than an id can be)."""
+
+        image: Annotated[str, Field(min_length=1, max_length=limits.max_image_chars, pattern=NON_BLANK)]
+
+    Document = Union[ImageId, DocumentById, DocumentByImageId, DocumentByImage, DocumentByText]
 
     class RerankRequest(_Request):
         """Rank image documents for a text query (Jina /v1/rerank and Cohere /v2/rerank requests)."""
 
         model: Optional[str] = Field(None, description="ignored beyond being echoed; the server serves one model")
         query: Text = Field(..., description="the text query")
-        documents: List[DocumentRef] = Field(
+        documents: List[Document] = Field(
             ..., min_length=1, max_length=limits.max_documents,
             description="image ids of the served corpus, as strings or objects with an 'id' (or 'image_id', 'image', "
-                        "'text') field")
+                        "'text') field; {'image': url | base64} documents are images scored directly (at most "
+                        f"{limits.max_image_documents} a request, each at most {limits.max_image_bytes} bytes and "
+                        f"{limits.max_image_pixels} pixels)")
         top_n: Optional[int] = Field(None, ge=1, description="return only the best top_n (default: all)")
         return_documents: bool = Field(True, description="echo each document (its image id) in the results")
-        raw_scores: bool = Field(False, description="relevance_score is the ITM logit instead of its sigmoid")
+        raw_scores: bool = Field(False, description="relevance_score is the uncalibrated ranking score (ITM logit, "
+                                                    "+ w x first-stage cosine when the rule fuses) instead of the "
+                                                    "calibrated probability")
+
+        @model_validator(mode="after")
+        def _few_images(self):
+            inline = sum(document_ref(d)[0] != "id" for d in self.documents)
+            if inline > limits.max_image_documents:
+                raise ValueError(f"documents: at most {limits.max_image_documents} image documents (url or base64) "
+                                 f"a request, got {inline}")
+            return self
 
         def image_ids(self) -> List[str]:
             """The documents as image ids."""
             return [document_id(d) for d in self.documents]
+
+        def refs(self) -> List[Tuple[str, str]]:
+            """The documents as (kind, value): ('id', image id) or ('url' | 'base64', the image)."""
+            return [document_ref(d) for d in self.documents]
 
     class TextRerankRequest(_Request):
         """Rank candidate texts for one image (image-to-text)."""
@@ -147,7 +203,21 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         pool: Optional[int] = Field(None, ge=1, le=limits.max_pool,
                                     description="embedding candidates per sample when rescoring (default 4k)")
 
-    return RequestModels(RerankRequest, TextRerankRequest, SearchRequest, NegativesRequest)
+    class AddImageRequest(_Request):
+        """Add one image to the served corpus: a url or base64 bytes, and optionally its id."""
+
+        url: Optional[Url] = None
+        image: Optional[ImageData] = None
+        id: Optional[ImageId] = Field(None, description="the new image id (default: 'live-' + 16 hex digits of the "
+                                                        "image's sha256); 409 when taken")
+
+        @model_validator(mode="after")
+        def _one_source(self):
+            if (self.url is None) == (self.image is None):
+                raise ValueError("give exactly one of 'url' and 'image' (base64)")
+            return self
+
+    return RequestModels(RerankRequest, TextRerankRequest, SearchRequest, NegativesRequest, AddImageRequest)
 
 
 # ----------------------------------------------------------------------------- responses
@@ -241,6 +311,15 @@ class TableInfo(BaseModel):
     memory_bytes: int
 
 
+class AddImageResponse(BaseModel):
+    """An added image: its id, content hash and the corpus size after it."""
+
+    id: str
+    sha256: str
+    url: Optional[str] = None
+    corpus_size: int
+
+
 class InfoResponse(BaseModel):
     model: str
     checkpoint: Optional[str]
@@ -251,6 +330,10 @@ class InfoResponse(BaseModel):
     miner: Optional[Dict[str, Any]]
     limits: Dict[str, Any]
     precision: Optional[str]
+    ranking: Optional[Dict[str, Any]] = Field(
+        None, description="the checkpoint's ranking rule: fusion weight, Platt calibration (scale, bias, where "
+                          "fitted), and the rule in words")
+    live_images: Optional[Dict[str, Any]] = None
 
 
 class Health(BaseModel):

@@ -38,7 +38,7 @@ def build(config: ServeConfig) -> Application:
     if config.checkpoint is not None:
         reranker = Reranker.options(**config.reranker.options()).bind(config)
         first_stage = FirstStage.options(**config.first_stage.options()).bind(
-            list(config.token_tables), config.index_factory, config.backbone_pretrained, threads)
+            list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, config.live_dir)
     if config.caption_sources:
         miner = Miner.options(**config.miner.options()).bind(
             list(config.image_tables), list(config.caption_sources), config.index_factory, config.backbone_pretrained,

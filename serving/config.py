@@ -67,6 +67,15 @@ class ServeConfig:
     precision: Precision = "auto"  # auto = fp32 on CPU, bf16 on GPU
     torch_threads: Optional[int] = None  # intra-op threads per CPU replica (None = the replica's num_cpus, >= 1)
     index_factory: str = "Flat"  # FAISS index description (exact inner product by default)
+    # Live images (POST /v1/images, image documents; serving/live_images.py). live_dir: the shared append log
+    # that every replica applies and that persists added images as token tables (None: no /v1/images route).
+    live_dir: Optional[str] = None
+    max_image_bytes: int = 10_000_000  # encoded image size (413 beyond); base64 text is 4/3 of it
+    max_image_pixels: int = 40_000_000  # decoded width x height (decompression bombs: 413)
+    max_image_documents: int = 16  # inline images per rerank request (each is fetched and encoded)
+    image_fetch_timeout_s: float = 10.0  # per url
+    image_url_hosts: Optional[Tuple[str, ...]] = None  # hosts image urls may name (redirects included); None = any
+    image_cache_size: int = 1024  # encoded inline images kept per reranker replica (by content hash)
     auth_token: Optional[str] = None  # bearer token; None = no auth (or taken from env auth_token_env)
     auth_token_env: Optional[str] = "EDJE_API_TOKEN"
     # max_ongoing_requests >= max_batch_pairs, so that small requests can fill a batch at one replica.
@@ -76,6 +85,8 @@ class ServeConfig:
     ingress: DeploymentResources = DeploymentResources(max_ongoing_requests=256)
 
     def __post_init__(self) -> None:
+        if self.image_url_hosts is not None:
+            object.__setattr__(self, "image_url_hosts", tuple(self.image_url_hosts))
         for name in ("token_tables", "miner_image_tables", "caption_sources"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -87,7 +98,8 @@ class ServeConfig:
             raise ValueError("without a checkpoint only the miner is served: it needs miner_image_tables and caption_sources")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
-        for name in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs"):
+        for name in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs", "max_image_bytes",
+                     "max_image_pixels", "max_image_documents", "image_cache_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -107,7 +119,9 @@ class ServeConfig:
     def api_limits(self) -> ApiLimits:
         """The request limits: the ingress validates with them and its OpenAPI schema states them."""
         return ApiLimits(max_documents=self.max_documents, max_text_chars=self.max_text_chars, max_pairs=self.max_pairs,
-                         max_top_k=self.max_top_k, can_rescore=self.checkpoint is not None)
+                         max_top_k=self.max_top_k, can_rescore=self.checkpoint is not None,
+                         max_image_bytes=self.max_image_bytes, max_image_pixels=self.max_image_pixels,
+                         max_image_documents=self.max_image_documents)
 
     def limits(self) -> dict:
         """The request limits, as reported by GET /v1/info."""

@@ -7,6 +7,7 @@ metadata: the text tower must be the one that made the image embeddings.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import List, Optional, Sequence, Tuple
 
 import faiss
@@ -14,8 +15,8 @@ import numpy as np
 import torch
 from ray import serve
 
-from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
+from serving.live_images import LiveLog, embeddings_of_tables
 
 log = logging.getLogger("ray.serve")
 
@@ -36,6 +37,14 @@ class EmbeddingIndex:
     def __len__(self) -> int:
         return self.index.ntotal
 
+    def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        """Append rows (live images); trained indexes assign them to their existing lists."""
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if len(ids) != len(vectors):
+            raise ValueError(f"{len(ids)} ids but {len(vectors)} vectors")
+        self.index.add(vectors)
+        self.ids.extend(ids)
+
     def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """(scores [B, k'], rows [B, k']) with k' = min(k, size); rows are -1 where the index has fewer hits."""
         k = min(int(k), len(self))
@@ -47,7 +56,7 @@ def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None
     """The VisionBackbone a table's metadata names (its text tower embeds queries and captions)."""
     from model.backbone import VisionBackbone
 
-    cfg = BackboneConfig(meta.backbone, pretrained_override or meta.pretrained, meta.feature_layer)
+    cfg = meta.first_stage_backbone(pretrained_override)
     backbone = VisionBackbone.create(cfg)
     if backbone.embed_dim != meta.embed_dim:
         raise TableMismatchError("embed_dim", meta.embed_dim, backbone.embed_dim, f"backbone {cfg.name}")
@@ -92,15 +101,34 @@ class FirstStage:
     """Text query -> top-k image ids by cosine similarity of pooled embeddings."""
 
     def __init__(self, token_tables: Sequence[str], index_factory: str = "Flat", pretrained_override: Optional[str] = None,
-                 torch_threads: int = 1):
+                 torch_threads: int = 1, live_dir: Optional[str] = None):
         torch.set_num_threads(max(1, torch_threads))
         ids, vectors, meta = read_image_embeddings(token_tables)
         self.index = EmbeddingIndex(ids, vectors, index_factory)
         self.backbone = load_backbone(meta, pretrained_override)
+        # Live images: the shared append log (serving/live_images.py), applied now and before each call.
+        self.live = LiveLog(live_dir) if live_dir else None
+        self.live_offset, self.live_lock = 0, threading.Lock()
+        self.sync_live()
         log.info("first stage: %d images indexed (%s)", len(self.index), index_factory)
+
+    def sync_live(self) -> int:
+        """Index the live images committed since the last call; returns how many."""
+        if self.live is None or self.live.size() == self.live_offset:
+            return 0
+        with self.live_lock:
+            paths, offset = self.live.read(self.live_offset)
+            ids, vectors = embeddings_of_tables(paths)
+            known = set(self.index.ids)
+            keep = [i for i, x in enumerate(ids) if x not in known]
+            if keep:
+                self.index.add([ids[i] for i in keep], vectors[keep])
+            self.live_offset = offset
+            return len(keep)
 
     def search(self, query: str, k: int) -> List[Tuple[str, float]]:
         """Top-k (image id, cosine) for one query text."""
+        self.sync_live()
         scores, rows = self.index.search(embed_texts(self.backbone, [query]), k)
         return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
 

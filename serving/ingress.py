@@ -1,8 +1,10 @@
-"""HTTP ingress (FastAPI, built per replica from the ServeConfig): rerank, search, negatives, health and info routes.
+"""HTTP ingress (FastAPI, built per replica from the ServeConfig): rerank, search, negatives, images, health and info.
 
 Routes: POST /v1/rerank (Jina shape), /v2/rerank (Cohere shape), /v1/rerank/texts, /v1/search
-(only with a checkpoint), /v1/negatives (only with a miner); GET /healthz, /v1/info; OpenAPI at
-/openapi.json and /docs. A feature that is not deployed has no route (404), never a 5xx. The
+(only with a checkpoint), /v1/images (with a checkpoint and a live_dir), /v1/negatives (only with
+a miner); GET /healthz, /v1/info; OpenAPI at /openapi.json and /docs. The bearer token is checked
+first, by a middleware, before the body is read or validated: every route but PUBLIC_PATHS answers
+401 without it, whatever the body. A feature that is not deployed has no route (404), never a 5xx. The
 request models come from `ServeConfig.api_limits()`, so the limits that the server enforces (422)
 are the ones the OpenAPI schema states. Unknown image ids are 404 (named). A downstream replica
 that dies mid-request is answered 503 (retry); Serve replaces the replica. Scored responses carry
@@ -10,22 +12,27 @@ that dies mid-request is answered 503 (retry); Serve replaces the replica. Score
 scored them: > 1 when dynamic batching merged requests).
 """
 # No `from __future__ import annotations` here: FastAPI must see the real request types on the routes.
+import asyncio
+import dataclasses
+import hashlib
+import hmac
 import logging
-import math
 import uuid
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fastapi import FastAPI, HTTPException, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from ray import serve
 
 from model.ranking import RANKING_KEY, RankingConfig
-from schemas.api import (CohereRerankResponse, CohereResult, Document, Health, InfoResponse, NegativesResponse,
-                         RerankResponse, RerankResult, SearchResponse, SearchResult, TableInfo, Usage, request_models)
+from schemas.api import (AddImageResponse, CohereRerankResponse, CohereResult, Document, Health, InfoResponse,
+                         NegativesResponse, RerankResponse, RerankResult, SearchResponse, SearchResult, TableInfo, Usage,
+                         request_models)
 from serving.config import ServeConfig
+from serving.image_fetch import ImageInputError, image_bytes
 
 log = logging.getLogger("ray.serve")
 
@@ -40,11 +47,36 @@ class ErrorBody(BaseModel):
 ERRORS = {401: {"model": ErrorBody, "description": "missing or wrong bearer token (when the server has one)"},
           503: {"model": ErrorBody, "description": "a downstream replica is being replaced: retry"}}
 NOT_FOUND = {404: {"model": ErrorBody, "description": "unknown image ids, named in the message"}}
+IMAGE_ERRORS = {413: {"model": ErrorBody, "description": "an image larger than max_image_bytes or max_image_pixels"},
+                422: {"description": "invalid request, or an image that cannot be fetched or decoded (named)"}}
+DUPLICATE = {409: {"model": ErrorBody, "description": "the image id is already in the corpus"}}
+# Reachable without the token: liveness and the API's own description.
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
-def sigmoid(x: float) -> float:
-    """Numerically safe logistic function."""
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+class BearerAuth:
+    """ASGI middleware: every path but PUBLIC_PATHS needs `Authorization: Bearer <token>`, checked before
+    the request body is read, so that no route (present or added later) validates or answers first."""
+
+    def __init__(self, app, token: Optional[str]):
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.token is None or _route_path(scope) in PUBLIC_PATHS:
+            return await self.app(scope, receive, send)
+        header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode()):
+            return await self.app(scope, receive, send)
+        response = JSONResponse(status_code=401, content={"detail": "missing or wrong bearer token"},
+                                headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
+def _route_path(scope) -> str:
+    """The path below the app's route prefix (Serve mounts apps under one; the scope's path may include it)."""
+    path, root = scope.get("path", ""), scope.get("root_path") or ""
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
 
 
 def _message(e: dict) -> str:
@@ -69,9 +101,13 @@ def _jsonable(errors: list) -> list:
             for e in errors]
 
 
-def _ranked(logits, top_n: Optional[int], raw: bool):
-    order = sorted(range(len(logits)), key=lambda i: -float(logits[i]))[: top_n or len(logits)]
-    return [(i, float(logits[i]) if raw else sigmoid(float(logits[i]))) for i in order]
+def _ranked(scores, top_n: Optional[int], raw: bool, ranking: RankingConfig):
+    """(index, relevance) best first: the raw ranking score, or its calibrated probability (model/ranking.py)."""
+    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))[: top_n or len(scores)]
+    shown = [float(scores[i]) for i in order]
+    if not raw:
+        shown = [float(p) for p in ranking.probability(shown)]
+    return list(zip(order, shown))
 
 
 @serve.deployment
@@ -95,12 +131,24 @@ class Ingress:
         return build_api(self)
 
     # ------------------------------------------------------------------ helpers
-    def authorize(self, creds: Optional[HTTPAuthorizationCredentials]) -> None:
-        """401 unless auth is off or the bearer token matches."""
-        if self.auth_token is None:
-            return
-        if creds is None or creds.scheme.lower() != "bearer" or creds.credentials != self.auth_token:
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    async def image(self, kind: str, value: str, where: str) -> Tuple[bytes, str]:
+        """(bytes, source url or '') of an inline image; 413/422 naming `where` when it cannot be had."""
+        try:
+            return await image_bytes(kind, value, self.config.max_image_bytes, self.config.image_fetch_timeout_s,
+                                     self.config.image_url_hosts)
+        except ImageInputError as e:
+            raise HTTPException(e.status, f"{where}: {e.detail}") from None
+
+    async def documents(self, refs: List[Tuple[str, str]]) -> Tuple[List[str], Dict[int, bytes], List[Optional[str]]]:
+        """Image ids of the documents ('sha256:<hex>' for inline images), inline bytes by position, source urls."""
+        inline = [(i, k, v) for i, (k, v) in enumerate(refs) if k != "id"]
+        got = await asyncio.gather(*(self.image(k, v, f"documents.{i}") for i, k, v in inline))
+        images = {i: data for (i, _, _), (data, _) in zip(inline, got)}
+        sources: List[Optional[str]] = [None] * len(refs)
+        ids = [v for _, v in refs]
+        for (i, _, _), (data, source) in zip(inline, got):
+            ids[i], sources[i] = "sha256:" + hashlib.sha256(data).hexdigest(), source or None
+        return ids, images, sources
 
     async def call(self, method, *args, **kwargs):
         """Await a deployment call; a dead or overloaded replica becomes 503, not a crash of this one."""
@@ -115,8 +163,9 @@ class Ingress:
             log.warning("downstream call %s failed: %s: %s", getattr(method, "_method_name", method), kind, e)
             raise HTTPException(status, f"{'temporarily unavailable, retry' if status == 503 else 'internal error'}: {kind}")
 
-    async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False):
-        """The reranker's Scores; 404 naming unknown ids; replica and batch headers on the response."""
+    async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False,
+                    images: Optional[Dict[int, bytes]] = None):
+        """The reranker's Scores; 404 naming unknown ids, 422 naming an undecodable image; replica and batch headers."""
         text_emb = None
         if self.ranking.first_stage_weight:
             # Fused rule: the reranker adds w x cosine(text, image) to each ITM logit.
@@ -124,9 +173,12 @@ class Ingress:
             emb = await self.call(self.first_stage.embed, unique)
             row = {t: i for i, t in enumerate(unique)}
             text_emb = emb[[row[t] for t in texts]]
-        scores = await self.call(self.reranker.score_pairs, texts, image_ids, with_urls, text_emb)
+        scores = await self.call(self.reranker.score_pairs, texts, image_ids, with_urls, text_emb, images or None)
         if scores.missing:
             raise HTTPException(404, f"unknown image ids: {scores.missing}")
+        if scores.rejected:
+            status = 413 if "decompression_bomb" in scores.rejected else 422
+            raise HTTPException(status, f"image rejected: {scores.rejected}")
         response.headers[REPLICA_HEADER] = scores.replica
         response.headers[BATCH_HEADER] = str(scores.batch_pairs)
         return scores
@@ -146,67 +198,80 @@ def build_api(ing: Ingress) -> FastAPI:
                   description="Vision-language reranking over precomputed, compressed image tokens (EDJE, "
                               "arXiv 2510.06820). Documents are image ids of the served corpus.")
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BearerAuth, token=ing.auth_token)  # enforces the token on every route but PUBLIC_PATHS
     bearer = HTTPBearer(auto_error=False, description="required when the server is started with an auth token")
+    secured = [Security(bearer)]  # declares the scheme in OpenAPI; BearerAuth has already checked it
     name = cfg.model_name
+    ranking = ing.ranking
 
     if ing.reranker is not None:
         RerankRequest, TextRerankRequest, SearchRequest = models.rerank, models.text_rerank, models.search
 
-        @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
-                  responses={**ERRORS, **NOT_FOUND}, summary="Rank image documents for a query (Jina /v1/rerank shape)")
-        async def rerank(req: RerankRequest, response: Response,
-                         creds: Optional[HTTPAuthorizationCredentials] = Security(bearer)):
-            ing.authorize(creds)
-            ids = req.image_ids()
-            scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=req.return_documents)
+        @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True, dependencies=secured,
+                  responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS},
+                  summary="Rank image documents (corpus ids, or images by url or base64) for a query (Jina /v1/rerank shape)")
+        async def rerank(req: RerankRequest, response: Response):
+            ids, images, sources = await ing.documents(req.refs())
+            scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=req.return_documents, images=images)
             results = [RerankResult(index=i, relevance_score=s,
-                                    document=Document(text=ids[i], url=scores.urls[i]) if req.return_documents else None)
-                       for i, s in _ranked(scores.logits, req.top_n, req.raw_scores)]
+                                    document=Document(text=ids[i], url=sources[i] or scores.urls[i])
+                                    if req.return_documents else None)
+                       for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
             return RerankResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)))
 
-        @app.post("/v2/rerank", response_model=CohereRerankResponse, responses={**ERRORS, **NOT_FOUND},
-                  summary="Rank image documents for a query (Cohere /v2/rerank shape)")
-        async def rerank_cohere(req: RerankRequest, response: Response,
-                                creds: Optional[HTTPAuthorizationCredentials] = Security(bearer)):
-            ing.authorize(creds)
-            ids = req.image_ids()
-            scores = await ing.score(response, [req.query] * len(ids), ids)
-            results = [CohereResult(index=i, relevance_score=s) for i, s in _ranked(scores.logits, req.top_n, req.raw_scores)]
+        @app.post("/v2/rerank", response_model=CohereRerankResponse, responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS},
+                  dependencies=secured, summary="Rank image documents for a query (Cohere /v2/rerank shape)")
+        async def rerank_cohere(req: RerankRequest, response: Response):
+            ids, images, _ = await ing.documents(req.refs())
+            scores = await ing.score(response, [req.query] * len(ids), ids, images=images)
+            results = [CohereResult(index=i, relevance_score=s)
+                       for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
             return CohereRerankResponse(id=str(uuid.uuid4()), results=results)
 
         @app.post("/v1/rerank/texts", response_model=RerankResponse, response_model_exclude_none=True,
-                  responses={**ERRORS, **NOT_FOUND}, summary="Rank candidate texts for one image (image-to-text)")
-        async def rerank_texts(req: TextRerankRequest, response: Response,
-                               creds: Optional[HTTPAuthorizationCredentials] = Security(bearer)):
-            ing.authorize(creds)
+                  dependencies=secured, responses={**ERRORS, **NOT_FOUND},
+                  summary="Rank candidate texts for one image (image-to-text)")
+        async def rerank_texts(req: TextRerankRequest, response: Response):
             scores = await ing.score(response, list(req.texts), [req.image] * len(req.texts))
             results = [RerankResult(index=i, relevance_score=s,
                                     document=Document(text=req.texts[i]) if req.return_documents else None)
-                       for i, s in _ranked(scores.logits, req.top_n, req.raw_scores)]
+                       for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
             return RerankResponse(model=req.model or name, results=results, usage=ing.usage(req.texts))
 
         @app.post("/v1/search", response_model=SearchResponse, response_model_exclude_none=True, responses=ERRORS,
-                  summary="Text-to-image search: first stage top_k, reranked by the joint encoder, best top_n")
-        async def search(req: SearchRequest, response: Response,
-                         creds: Optional[HTTPAuthorizationCredentials] = Security(bearer)):
-            ing.authorize(creds)
+                  dependencies=secured, summary="Text-to-image search: first stage top_k, reranked by the joint encoder, best top_n")
+        async def search(req: SearchRequest, response: Response):
             hits = await ing.call(ing.first_stage.search, req.query, req.top_k)
             if not hits:
                 return SearchResponse(model=req.model or name, results=[], usage=Usage(total_tokens=0))
             ids = [h[0] for h in hits]
             scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=True)
             results = [SearchResult(image_id=ids[i], relevance_score=s, first_stage_score=hits[i][1], url=scores.urls[i])
-                       for i, s in _ranked(scores.logits, req.top_n or req.top_k, req.raw_scores)]
+                       for i, s in _ranked(scores.logits, req.top_n or req.top_k, req.raw_scores, ranking)]
             return SearchResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)))
+
+    if ing.reranker is not None and cfg.live_dir:
+        AddImageRequest = models.add_image
+
+        @app.post("/v1/images", response_model=AddImageResponse, response_model_exclude_none=True, dependencies=secured,
+                  responses={**ERRORS, **IMAGE_ERRORS, **DUPLICATE},
+                  summary="Add an image (url or base64) to the served corpus, live: rerankable and searchable at once")
+        async def add_image(req: AddImageRequest):
+            kind, value = ("url", req.url) if req.url is not None else ("base64", req.image)
+            data, source = await ing.image(kind, value, "url" if kind == "url" else "image")
+            out = await ing.call(ing.reranker.add_image, data, req.id, source or None)
+            if out.status != 200:
+                raise HTTPException(out.status, out.detail)
+            if ing.first_stage is not None:  # index it now rather than at the next search
+                await ing.call(ing.first_stage.sync_live)
+            return AddImageResponse(id=out.image_id, sha256=out.sha256, url=source or None, corpus_size=out.corpus_size)
 
     if ing.miner is not None:
         NegativesRequest = models.negatives
 
         @app.post("/v1/negatives", response_model=NegativesResponse, responses={**ERRORS, **NOT_FOUND},
-                  summary="Corpus-wide hard negatives for a batch of image-caption pairs (used by training)")
-        async def negatives(req: NegativesRequest, request: Request,
-                            creds: Optional[HTTPAuthorizationCredentials] = Security(bearer)):
-            ing.authorize(creds)
+                  dependencies=secured, summary="Corpus-wide hard negatives for a batch of image-caption pairs (used by training)")
+        async def negatives(req: NegativesRequest, request: Request):
             out = await ing.call(ing.miner.negatives, [p.image_id for p in req.pairs], [p.caption for p in req.pairs],
                                  req.k, req.rescore, req.pool, request.headers.get("user-agent"))
             if "missing" in out:
@@ -219,10 +284,9 @@ def build_api(ing: Ingress) -> FastAPI:
     async def healthz():
         return Health(status="ok")
 
-    @app.get("/v1/info", response_model=InfoResponse, responses={401: ERRORS[401]},
-             summary="Model, token table metadata, corpus size, limits, served routes")
-    async def info(creds: Optional[HTTPAuthorizationCredentials] = Security(bearer)):
-        ing.authorize(creds)
+    @app.get("/v1/info", response_model=InfoResponse, responses={401: ERRORS[401]}, dependencies=secured,
+             summary="Model, ranking rule and calibration, token table metadata, corpus size, limits")
+    async def info():
         reranker = await ing.call(ing.reranker.info) if ing.reranker is not None else None
         miner = await ing.call(ing.miner.info) if ing.miner is not None else None
         store = reranker["token_store"] if reranker else None
@@ -231,6 +295,8 @@ def build_api(ing: Ingress) -> FastAPI:
             model=name, checkpoint=cfg.checkpoint, adapter_hash=meta.get("adapter_hash"), edje_config=meta.get("config"),
             token_store=TableInfo(**store) if store else None,
             corpus_size=store["images"] if store else (miner or {}).get("images", 0), miner=miner,
-            limits=cfg.limits(), precision=reranker["precision"] if reranker else None)
+            limits=cfg.limits(), precision=reranker["precision"] if reranker else None,
+            ranking={**dataclasses.asdict(ranking), "rule": ranking.describe()} if ing.reranker is not None else None,
+            live_images=reranker.get("live_images") if reranker else None)
 
     return app

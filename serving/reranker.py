@@ -13,11 +13,12 @@ corpus larger than a replica's memory needs the store split by id range across r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from ray import serve
 from model.ranking import read_ranking
 from schemas.token_table import TableMetadata
 from serving.config import ServeConfig
+from serving.live_images import AddResult, LiveImages, RejectedImage
 from serving.token_store import TokenStore, decode_blobs
 
 log = logging.getLogger("ray.serve")
@@ -50,6 +52,7 @@ class Scores:
     missing: List[str]
     urls: Optional[List[Optional[str]]] = None
     replica: str = ""  # the replica that scored them
+    rejected: Optional[str] = None  # an inline document image that could not be decoded, and why
     batch_pairs: int = 0  # pairs in the (largest) forward pass that scored them; > 1 when requests were merged
 
 
@@ -104,6 +107,9 @@ class Reranker:
         self.store = TokenStore.load(config.token_tables, read_checkpoint_config(config.checkpoint))
         self.scorer = PairScorer(config.checkpoint, self.store.meta, device, config.precision)
         self.ranking = read_ranking(config.checkpoint)
+        # Live images (serving/live_images.py): the shared log applied to this replica's store, inline document images.
+        self.live = LiveImages(self.store, self.scorer.model.adapter, device, config.live_dir, config.max_image_pixels,
+                               config.image_cache_size)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edje-forward")
         self._batched_forward.set_max_batch_size(config.max_batch_pairs)
         self._batched_forward.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
@@ -113,13 +119,20 @@ class Reranker:
                  config.dynamic_batching, config.max_batch_pairs, torch.get_num_threads())
 
     async def score_pairs(self, texts: List[str], image_ids: List[str], with_urls: bool = False,
-                          text_embeddings: Optional[np.ndarray] = None) -> Scores:
+                          text_embeddings: Optional[np.ndarray] = None, images: Optional[Dict[int, bytes]] = None) -> Scores:
         """Scores of (texts[i], image_ids[i]), or the unknown ids. With `text_embeddings` [B, e], the
         checkpoint's ranking rule (ITM logit + w x first-stage cosine; what the HTTP API ranks by);
-        without them, the ITM logit alone (the miner's rescoring)."""
+        without them, the ITM logit alone (the miner's rescoring). `images` {position: bytes}: inline
+        document images, scored in place of image_ids[position] (encoded once per replica, cached)."""
         if len(texts) != len(image_ids):
             raise ValueError(f"{len(texts)} texts but {len(image_ids)} image ids")
-        got = self.store.gather_blobs(image_ids, with_urls)
+        inline = {}
+        if images:
+            try:
+                inline = await asyncio.get_running_loop().run_in_executor(self.executor, self.live.encode_inline, images)
+            except RejectedImage as e:
+                return Scores(None, [], replica=self.replica, rejected=f"documents.{e.index}: {e.reason}: {e.detail}")
+        got = self.live.gather(image_ids, with_urls, inline)
         if got.missing:
             return Scores(None, got.missing, replica=self.replica)
         step = self.config.max_batch_pairs
@@ -131,7 +144,7 @@ class Reranker:
         if self.ranking.first_stage_weight and text_embeddings is not None:
             if len(text_embeddings) != len(texts):
                 raise ValueError(f"{len(texts)} texts but {len(text_embeddings)} text embeddings")
-            sim = np.einsum("ij,ij->i", np.asarray(text_embeddings, np.float32), self.store.embeddings_of(image_ids))
+            sim = np.einsum("ij,ij->i", np.asarray(text_embeddings, np.float32), got.embeddings)
             logits = self.ranking.fuse(logits, sim)
         return Scores(logits, [], got.urls, self.replica, max(p[1] for p in parts))
 
@@ -146,12 +159,19 @@ class Reranker:
         loop = asyncio.get_running_loop()
         return (await loop.run_in_executor(self.executor, self.scorer.score_chunks, [chunk]))[0], len(chunk.texts)
 
+    async def add_image(self, data: bytes, image_id: Optional[str] = None, url: Optional[str] = None) -> AddResult:
+        """Encode an image (backbone + adapter + codec, in the forward thread) and add it to the corpus
+        through the shared log (serving/live_images.py): every replica and the first stage apply it."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.live.add, data, image_id, url)
+
     def info(self) -> dict:
         """Device, precision, batching settings and token store of this replica."""
+        self.live.sync()
         return dict(device=str(self.scorer.device), precision=self.scorer.precision, pid=os.getpid(),
                     replica=self.replica, dynamic_batching=self.config.dynamic_batching,
                     max_batch_pairs=self.config.max_batch_pairs, torch_threads=torch.get_num_threads(),
-                    ranking=dict(first_stage_weight=self.ranking.first_stage_weight, chosen_on=self.ranking.chosen_on),
+                    ranking=dataclasses.asdict(self.ranking), live_images=self.live.info(),
                     token_store=self.store.info())
 
     def actor_name(self) -> str:

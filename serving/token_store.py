@@ -29,6 +29,7 @@ class TokenBlobs:
     scales: Optional[np.ndarray]  # fp16 [B, num_scales] or None (fp16/fp32 tables)
     missing: List[str]
     urls: Optional[List[Optional[str]]] = None
+    embeddings: Optional[np.ndarray] = None  # pooled image embeddings [B, e], when asked for
 
 
 class UnknownImageIds(KeyError):
@@ -127,6 +128,26 @@ class TokenStore:
             raise UnknownImageIds(missing)
         return self.embeddings[rows]
 
+    def add_table(self, table: pa.Table) -> None:
+        """Append the rows of a token table with this store's metadata (live images); ids must be new.
+
+        The arrays keep spare rows and grow by a quarter when full, so adding is amortised O(rows added)
+        rather than a copy of the corpus per image; `len(self)` rows are valid."""
+        ids = table.column("image_id").to_pylist()
+        dup = [i for i in ids if i in self.row]
+        if dup or len(set(ids)) < len(ids):
+            raise ValueError(f"image ids already in the store: {dup or ids}")
+        codec, n, k = self.codec, len(self.image_ids), len(ids)
+        new = dict(blob=np.asarray(blob_matrix(table.column("tokens"), codec.blob_bytes)),
+                   embeddings=vector_matrix(table.column("image_embedding")))
+        if codec.num_scales:
+            new["scales"] = np.asarray(blob_matrix(table.column("token_scales"), 2 * codec.num_scales).view("<f2"))
+        for name, rows in new.items():
+            setattr(self, name, _put_rows(getattr(self, name), n, rows))
+        self.urls.extend(table.column("url").to_pylist() if "url" in table.column_names else [None] * k)
+        self.image_ids.extend(ids)
+        self.row.update({image_id: n + j for j, image_id in enumerate(ids)})  # last: rows are complete when visible
+
     def info(self) -> dict:
         """Paths, table metadata, image count and memory, for GET /v1/info."""
         return dict(paths=self.paths, metadata=dataclasses.asdict(self.meta), images=len(self),
@@ -145,6 +166,17 @@ def _writable(a: np.ndarray) -> np.ndarray:
     # Arrays that arrive through Ray's object store are read-only views; torch wants writable memory.
     a = np.ascontiguousarray(a)
     return a if a.flags.writeable else a.copy()
+
+
+def _put_rows(array: np.ndarray, n: int, rows: np.ndarray) -> np.ndarray:
+    """`array` with `rows` written at n.. (a larger copy with spare rows when it is full)."""
+    need = n + len(rows)
+    if need > len(array):
+        grown = np.empty((max(need, n + n // 4 + 64),) + array.shape[1:], array.dtype)
+        grown[:n] = array[:n]
+        array = grown
+    array[n:need] = rows
+    return array
 
 
 def _first_of_each(sorted_ids: pa.Array) -> Optional[np.ndarray]:

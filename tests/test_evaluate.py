@@ -68,7 +68,7 @@ def _run(args):
 
 def _check_outputs(out_dir: Path) -> dict:
     metrics = json.loads((out_dir / "metrics.json").read_text())
-    assert {"t2i", "i2t"} <= set(metrics) <= {"t2i", "i2t", "ranking"}
+    assert {"t2i", "i2t"} <= set(metrics) <= {"t2i", "i2t", "ranking", "calibration"}
     for d in (metrics["t2i"], metrics["i2t"]):
         # A sample world's world.json lies beside the annotations: the binding diagnostic is reported.
         assert set(d) == {"first_stage", "reranked", "within_family"}

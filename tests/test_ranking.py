@@ -62,3 +62,43 @@ def test_fitting_the_weight_on_val_prefers_the_right_scorer():
     assert rule.first_stage_weight == 64.0
     assert sweep["0.0"] == 0.0 and sweep["32.0"] == 0.0 and sweep["64.0"] == sweep["128.0"] == 200.0
     assert recall(ranked(rule)[0], answers)["r1"] == 100.0
+
+
+# ------------------------------------------------------------------------------------------ calibration
+def test_platt_fit_recovers_a_known_calibration():
+    from evaluation.calibration import calibration_report, fit_platt
+
+    rng = np.random.default_rng(0)
+    scores = rng.normal(0, 3, 20000)
+    labels = rng.random(20000) < 1 / (1 + np.exp(-(0.5 * scores - 2.0)))  # true p = sigmoid(0.5 s - 2)
+    a, b = fit_platt(scores, labels)
+    assert a == pytest.approx(0.5, abs=0.03) and b == pytest.approx(-2.0, abs=0.08)
+    rule = RankingConfig(32.0).with_calibration(a, b, "synthetic")
+    report = calibration_report(rule.probability(scores), labels)
+    assert report["ece"] < 0.02 and report["mean_p_true"] > report["mean_p_other"]
+    # Perfectly separated scores stay finite (Platt's smoothed targets); a falling score gets the base rate.
+    a_sep, _ = fit_platt(np.array([0.0, 1.0, 2.0, 10.0, 11.0]), np.array([0, 0, 0, 1, 1]))
+    assert np.isfinite(a_sep) and a_sep > 0
+    a_neg, b_neg = fit_platt(-scores, labels)
+    flat = rule.with_calibration(a_neg, b_neg, "x").probability([-5.0, 5.0])
+    assert a_neg == 0.0 and flat[0] == flat[1] == pytest.approx(labels.mean(), abs=1e-3)  # the base rate
+    with pytest.raises(ValueError, match="both"):
+        fit_platt(scores[:10], np.ones(10))
+
+
+def test_calibration_round_trips_and_old_checkpoints_stay_uncalibrated(tiny_edje_config, tmp_path):
+    torch.manual_seed(0)
+    save_checkpoint(EDJEModel(tiny_edje_config), str(tmp_path / "ck"))
+    old = read_ranking(str(tmp_path / "ck"))
+    assert not old.calibrated and "not calibrated" in old.describe()
+    np.testing.assert_allclose(old.probability([0.0, 40.0, -800.0]), [0.5, 1.0, 0.0])  # sigmoid(score), no overflow
+    rule = RankingConfig(32.0, chosen_on="val").with_calibration(0.25, -3.0, "val.json")
+    write_ranking(str(tmp_path / "ck"), rule)
+    got = read_ranking(str(tmp_path / "ck"))
+    assert got == rule and got.calibrated
+    np.testing.assert_allclose(got.probability([12.0]), [0.5])  # sigmoid(0.25 x 12 - 3)
+    assert "sigmoid(0.25 x score + -3)" in got.describe() and "32 x first-stage cosine" in got.describe()
+    with pytest.raises(ValueError):
+        RankingConfig(calibration_scale=1.0)  # scale without bias
+    with pytest.raises(ValueError):
+        RankingConfig(calibration_scale=-1.0, calibration_bias=0.0)

@@ -1,0 +1,358 @@
+"""Live images: bytes -> frozen backbone + the checkpoint's adapter + the tables' codec -> rows of the served corpus.
+
+Persistence and consistency go through one append log that every replica applies:
+
+- ``<live_dir>/tables/<seq>-<sha>.parquet``: one compressed token table per added image, with the
+  served tables' own metadata (so the store and the first stage read it with their usual checks).
+- ``<live_dir>/LOG``: one line per committed table, appended under an exclusive ``flock``. The
+  replica that adds an image holds the lock while it checks the id against the whole log, writes
+  the table (temp file + rename) and appends the line, so duplicate ids are refused across replicas.
+
+Each reranker and first-stage replica applies the log at start (all of it) and before every
+request (one ``stat`` of LOG: its size grows with every line; new lines -> read those tables). An
+add answers only after its line is appended, so every later request to any replica sees the image;
+a restarted or replacement replica loads the whole log: nothing is lost. The live folder must be a
+POSIX filesystem that all replicas share (local disk on one node, NFS/EFS on a cluster).
+"""
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from pipeline.decode import ImageRejected, decode_image
+from pipeline.reasons import DECOMPRESSION_BOMB
+from serving.token_store import TokenBlobs
+from schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
+
+log = logging.getLogger("ray.serve")
+
+LOG_NAME = "LOG"
+TABLES_DIR = "tables"
+
+
+def content_hash(data: bytes) -> str:
+    """sha256 hex of image bytes (cache key; default id of an added image)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def default_image_id(data: bytes) -> str:
+    """The id an image added without one gets: 'live-' + the first 16 hex digits of its sha256."""
+    return "live-" + content_hash(data)[:16]
+
+
+@dataclass
+class EncodedImages:
+    """Encoded rows: token blobs (uint8 [B, bytes]), scales (fp16 [B, s] or None), pooled embeddings [B, e]."""
+
+    blob: np.ndarray
+    scales: Optional[np.ndarray]
+    embeddings: np.ndarray
+
+    def take(self, rows: Sequence[int]) -> "EncodedImages":
+        """Some rows, in the given order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return EncodedImages(self.blob[rows], None if self.scales is None else self.scales[rows], self.embeddings[rows])
+
+
+class RejectedImage(ValueError):
+    """An image that cannot be encoded; `index` is its position in the call, `reason` a pipeline.reasons code."""
+
+    def __init__(self, index: int, reason: str, detail: str):
+        self.index, self.reason, self.detail = index, reason, detail
+        super().__init__(f"image {index}: {reason}: {detail}")
+
+
+class ImageEncoder:
+    """The encode job's path for a few images in a replica: decode, backbone, adapter, codec (frozen, no grad)."""
+
+    def __init__(self, meta: TableMetadata, adapter: torch.nn.Module, device: torch.device, max_pixels: int):
+        from model.backbone import VisionBackbone
+        from schemas.config import BackboneConfig
+
+        self.meta, self.adapter, self.device, self.max_pixels = meta, adapter, device, max_pixels
+        # The backbone the tables name: live rows must come from the same model as the stored ones.
+        self.backbone = VisionBackbone.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer),
+                                              device=device)
+        if self.backbone.embed_dim != meta.embed_dim:
+            raise ValueError(f"backbone {meta.backbone} embeds in {self.backbone.embed_dim}, tables in {meta.embed_dim}")
+
+    def decode(self, datas: Sequence[bytes]) -> np.ndarray:
+        """uint8 [B, S, S, 3] at the backbone's size; RejectedImage names the first bad one."""
+        pp = self.backbone.preprocess
+        out = []
+        for i, data in enumerate(datas):
+            try:
+                out.append(decode_image(data, pp.size, pp.resize_mode, self.max_pixels))
+            except ImageRejected as e:
+                raise RejectedImage(i, e.reason, e.detail) from None
+        return np.stack(out)
+
+    @torch.inference_mode()
+    def encode(self, datas: Sequence[bytes]) -> EncodedImages:
+        """Image bytes -> encoded rows, the way the encode job writes compressed tables."""
+        pixels = torch.from_numpy(self.decode(datas)).to(self.device)
+        tokens, emb = self.backbone.encode(pixels)
+        dtype = next(self.adapter.parameters()).dtype
+        tokens = self.adapter(tokens.to(dtype)).float()
+        blob, scales = self.meta.codec.encode_torch(tokens)
+        return EncodedImages(blob.cpu().numpy(), None if scales is None else scales.cpu().numpy().astype("<f2"),
+                             emb.float().cpu().numpy())
+
+
+class LiveLog:
+    """The shared append log of added images (see the module docstring)."""
+
+    def __init__(self, live_dir: str):
+        self.dir = os.path.abspath(live_dir)
+        self.tables_dir = os.path.join(self.dir, TABLES_DIR)
+        os.makedirs(self.tables_dir, exist_ok=True)
+        self.path = os.path.join(self.dir, LOG_NAME)
+        open(self.path, "a").close()
+
+    def size(self) -> int:
+        """Bytes in LOG (grows with every committed image)."""
+        return os.stat(self.path).st_size
+
+    def read(self, offset: int = 0) -> Tuple[List[str], int]:
+        """Table paths committed after byte `offset`, and the new offset (whole lines only)."""
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line being appended right now is taken next time
+        names = [x for x in data[:end].decode().split("\n") if x]
+        return [os.path.join(self.tables_dir, n.split("\t")[0]) for n in names], offset + end
+
+    def commit(self, table, name: str) -> str:
+        """Write a table under its final name (temp + rename) and append its line; call under `locked()`."""
+        final = os.path.join(self.tables_dir, name)
+        tmp = final + ".tmp"
+        write_token_table(table, tmp)
+        os.replace(tmp, final)
+        with open(self.path, "a") as f:
+            f.write(f"{name}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return final
+
+    def locked(self):
+        """An exclusive lock over the log across processes (flock on LOG)."""
+        return _FileLock(self.path)
+
+
+class _FileLock:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f.fileno(), fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
+        self.f.close()
+
+
+class EncodedCache:
+    """LRU of encoded inline images by content hash (a document image is encoded once per replica)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.items: "collections.OrderedDict[str, EncodedImages]" = collections.OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> Optional[EncodedImages]:
+        """The cached rows of `key`, or None."""
+        got = self.items.get(key)
+        if got is not None:
+            self.items.move_to_end(key)
+            self.hits += 1
+        else:
+            self.misses += 1
+        return got
+
+    def put(self, key: str, value: EncodedImages) -> None:
+        """Insert, evicting the least recently used past capacity."""
+        self.items[key] = value
+        self.items.move_to_end(key)
+        while len(self.items) > self.capacity:
+            self.items.popitem(last=False)
+
+
+@dataclass
+class AddResult:
+    """The outcome of adding one image: its id, or an HTTP status and detail saying why not."""
+
+    image_id: str
+    sha256: str
+    status: int = 200
+    detail: str = ""
+    corpus_size: int = 0
+
+
+class LiveImages:
+    """One reranker replica's live-image side: applies the log to its token store, adds and encodes images."""
+
+    def __init__(self, store, adapter: torch.nn.Module, device: torch.device, live_dir: Optional[str],
+                 max_pixels: int, cache_size: int):
+        self.store, self.adapter, self.device, self.max_pixels = store, adapter, device, max_pixels
+        self.log = LiveLog(live_dir) if live_dir else None
+        self.offset = 0
+        self.cache = EncodedCache(cache_size)
+        self._encoder: Optional[ImageEncoder] = None
+        self._lock = threading.Lock()  # the event loop (sync) and the forward thread (add) both touch the store
+        self.added = 0
+        self.sync()
+
+    @property
+    def encoder(self) -> ImageEncoder:
+        """The backbone is loaded on the first image this replica encodes."""
+        if self._encoder is None:
+            self._encoder = ImageEncoder(self.store.meta, self.adapter, self.device, self.max_pixels)
+        return self._encoder
+
+    def sync(self) -> int:
+        """Apply log lines this replica has not applied yet; returns the rows added."""
+        if self.log is None or self.log.size() == self.offset:
+            return 0
+        with self._lock:
+            return self._apply_new()
+
+    def _apply_new(self) -> int:
+        paths, offset = self.log.read(self.offset)
+        added = 0
+        if paths:
+            table, _ = read_token_tables(paths, **_same_as(self.store.meta))
+            fresh = [i for i, x in enumerate(table.column("image_id").to_pylist()) if x not in self.store.row]
+            table = table.take(fresh) if len(fresh) < table.num_rows else table
+            if table.num_rows:
+                self.store.add_table(table)
+                added = table.num_rows
+        self.offset = offset
+        return added
+
+    def add(self, data: bytes, image_id: Optional[str], url: Optional[str]) -> AddResult:
+        """Encode one image, commit it to the log under the lock (409 on a duplicate id), apply it here."""
+        sha = content_hash(data)
+        image_id = image_id or default_image_id(data)
+        if self.log is None:
+            return AddResult(image_id, sha, 404, "live images are not enabled on this server (no live_dir)")
+        try:
+            rows = self.encoder.encode([data])
+        except RejectedImage as e:
+            return AddResult(image_id, sha, 413 if e.reason == DECOMPRESSION_BOMB else 422,
+                             f"image rejected: {e.reason}: {e.detail}")
+        with self._lock, self.log.locked():
+            self._apply_new()  # every line committed so far, from any replica, before the duplicate check
+            if image_id in self.store.row:
+                return AddResult(image_id, sha, 409, f"image id {image_id!r} is already in the corpus",
+                                 len(self.store))
+            table = build_table_from_blobs(self.store.meta, [image_id], rows.blob, rows.scales, rows.embeddings,
+                                           urls=[url])
+            self.log.commit(table, f"{self.log.size():012d}-{sha[:16]}.parquet")
+            self._apply_new()
+        self.added += 1
+        return AddResult(image_id, sha, 200, "", len(self.store))
+
+    def encode_inline(self, datas: Dict[int, bytes]) -> Dict[int, EncodedImages]:
+        """Encoded rows of inline document images by position, from the cache or encoded now (one batch)."""
+        keys = {i: content_hash(d) for i, d in datas.items()}
+        out, todo = {}, {}
+        for i, k in keys.items():
+            got = self.cache.get(k)
+            if got is not None:
+                out[i] = got
+            else:
+                todo.setdefault(k, i)  # the same image twice in a request is encoded once
+        if todo:
+            order = list(todo.items())
+            try:
+                rows = self.encoder.encode([datas[i] for _, i in order])
+            except RejectedImage as e:
+                raise RejectedImage(order[e.index][1], e.reason, e.detail) from None
+            fresh = {k: rows.take([j]) for j, (k, _) in enumerate(order)}
+            for k, r in fresh.items():
+                self.cache.put(k, r)
+            for i, k in keys.items():
+                out.setdefault(i, fresh.get(k))
+        return out
+
+    def gather(self, image_ids: Sequence[str], with_urls: bool = False,
+               inline: Optional[Dict[int, EncodedImages]] = None):
+        """The store's rows of `image_ids` (after applying the log) with encoded inline images at their
+        positions: TokenBlobs with embeddings, or the unknown ids."""
+        self.sync()
+        inline = inline or {}
+        if not inline:
+            got = self.store.gather_blobs(image_ids, with_urls)
+            if not got.missing:
+                got.embeddings = self.store.embeddings_of(image_ids)
+            return got
+        positions = [i for i in range(len(image_ids)) if i not in inline]
+        ids = [image_ids[i] for i in positions]
+        got = self.store.gather_blobs(ids, with_urls)
+        if got.missing:
+            return got
+        stored = EncodedImages(got.blob, got.scales, self.store.embeddings_of(ids) if ids else None)
+        rows = merge_rows(stored, inline, len(image_ids), positions, self.store.scales is not None)
+        urls = None
+        if with_urls:
+            urls = [None] * len(image_ids)
+            for p, u in zip(positions, got.urls):
+                urls[p] = u
+        return TokenBlobs(rows.blob, rows.scales, [], urls, rows.embeddings)
+
+    def info(self) -> dict:
+        """Live-image counters for GET /v1/info."""
+        return dict(enabled=self.log is not None, live_dir=self.log.dir if self.log else None, added_here=self.added,
+                    log_bytes_applied=self.offset, cache_entries=len(self.cache.items), cache_hits=self.cache.hits,
+                    cache_misses=self.cache.misses)
+
+
+def _same_as(meta: TableMetadata) -> dict:
+    """The fields a live table must share with the served tables."""
+    return dict(kind=meta.kind, adapter_hash=meta.adapter_hash, num_tokens=meta.num_tokens, width=meta.width,
+                backbone=meta.backbone, feature_layer=meta.feature_layer, quantization=meta.quantization)
+
+
+def merge_rows(store_rows, inline: Dict[int, EncodedImages], n: int, store_positions: Sequence[int],
+               codec_scales: bool) -> EncodedImages:
+    """Request-ordered rows from the store's gather (at `store_positions`) and the inline images (by position)."""
+    sample = next(iter(inline.values())) if inline else store_rows
+    blob = np.empty((n, sample.blob.shape[1]), np.uint8)
+    scales = np.empty((n, sample.scales.shape[1]), "<f2") if codec_scales else None
+    emb = np.empty((n, sample.embeddings.shape[1]), np.float32)
+    if len(store_positions):
+        pos = np.asarray(store_positions)
+        blob[pos], emb[pos] = store_rows.blob, store_rows.embeddings
+        if scales is not None:
+            scales[pos] = store_rows.scales
+    for i, r in inline.items():
+        blob[i], emb[i] = r.blob[0], r.embeddings[0]
+        if scales is not None:
+            scales[i] = r.scales[0]
+    return EncodedImages(blob, scales, emb)
+
+
+def live_table_paths(live_dir: Optional[str]) -> List[str]:
+    """Committed live tables (for components that load them once, e.g. at start)."""
+    if not live_dir or not os.path.exists(os.path.join(live_dir, LOG_NAME)):
+        return []
+    return LiveLog(live_dir).read(0)[0]
+
+
+def embeddings_of_tables(paths: Sequence[str]) -> Tuple[List[str], np.ndarray]:
+    """image_id and image_embedding columns of some live tables."""
+    if not paths:
+        return [], np.zeros((0, 0), np.float32)
+    table, _ = read_token_tables(paths, columns=["image_id", "image_embedding"])
+    return table.column("image_id").to_pylist(), vector_matrix(table.column("image_embedding"))
