@@ -51,7 +51,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                  model_name=args.model_name, max_documents=args.max_documents, precision=args.precision,
                  dynamic_batching=None if args.no_batching is None else not args.no_batching,
                  max_batch_pairs=args.max_batch_pairs, auth_token_env=args.auth_token_env,
-                 torch_threads=args.torch_threads)
+                 torch_threads=args.torch_threads, live_dir=args.live_dir,
+                 image_url_hosts=args.image_url_hosts)
     base.update({k: v for k, v in flags.items() if v is not None})
     rr = dict(base.get("reranker") or {})
     for key, value in (("num_replicas", args.reranker_replicas), ("num_gpus", args.reranker_gpus),
@@ -77,6 +78,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--miner-images", nargs="+", help="miner image tables (default: --tokens)")
     p.add_argument("--model-name")
     p.add_argument("--max-documents", type=int)
+    p.add_argument("--live-dir", help="shared folder of the live-image log (enables POST /v1/images; added images "
+                   "persist there as token tables and are loaded at start)")
+    p.add_argument("--image-url-hosts", nargs="+", help="hosts image urls may name (default: any)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--no-batching", action="store_true", default=None, help="disable @serve.batch dynamic batching")
     p.add_argument("--max-batch-pairs", type=int)

@@ -85,7 +85,8 @@ def _message(e: dict) -> str:
         ctx = e.get("ctx") or {}
         return f"malformed JSON body at position {e['loc'][-1]}: {ctx.get('error', e.get('msg'))}"
     where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-    msg = "must not be empty or blank" if e.get("type") == "string_pattern_mismatch" else e.get("msg")
+    blank = e.get("type") == "string_pattern_mismatch" and (e.get("ctx") or {}).get("pattern") == r"\S"
+    msg = "must not be empty or blank" if blank else e.get("msg")
     return f"{where}: {msg}" if where else str(msg)
 
 

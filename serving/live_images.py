@@ -79,6 +79,9 @@ class ImageEncoder:
         from schemas.config import BackboneConfig
 
         self.meta, self.adapter, self.device, self.max_pixels = meta, adapter, device, max_pixels
+        if getattr(meta, "embedding_backbone", None):
+            # Tables of diagnostic tokens (not the backbone's): an image cannot be encoded into them.
+            raise ValueError(f"the served tables' tokens do not come from backbone {meta.backbone}: no live images")
         # The backbone the tables name: live rows must come from the same model as the stored ones.
         self.backbone = VisionBackbone.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer),
                                               device=device)

@@ -216,3 +216,55 @@ def test_evaluate_add_first_stage_similarity_from_the_command_line(tiny_world, t
     # ITM alone reorders the top 10, so a fused ranking that fell back to ITM would be told apart.
     assert any(itm[d]["reranked"] != itm[d]["first_stage"] for d in ("t2i", "i2t"))
     assert "by ITM logit + 1e+06 x first-stage cosine" in (tmp_path / "fused" / "metrics.md").read_text()
+
+
+def test_evaluate_ranks_by_the_fused_rule_recorded_in_the_checkpoint(tiny_world, tiny_ckpt, tmp_path):
+    import shutil
+
+    from model.ranking import RankingConfig, write_ranking
+
+    root, _, raw = tiny_world
+    ckpt, _ = tiny_ckpt
+    fused = tmp_path / "fused-ckpt"
+    shutil.copytree(ckpt, fused)
+    # w > 0 recorded in the checkpoint, nothing on the command line: evaluation must rank by the recorded rule.
+    write_ranking(str(fused), RankingConfig(1e6, chosen_on="test"))
+    _run(["--annotations", str(root / "world" / "flickr30k_test.json"), "--tokens", str(raw), "--checkpoint", str(fused),
+          "--output", str(tmp_path / "out")])
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["ranking"]["first_stage_weight"] == 1e6 and m["ranking"]["chosen_on"] == "test"
+    for d in ("t2i", "i2t"):
+        assert m[d]["reranked"] == m[d]["first_stage"]  # w = 1e6: the cosine decides every order
+    # ITM alone reorders the top 10 of this split, so an evaluation that ignored the rule would differ.
+    assert any(m[d]["reranked_itm_only"] != m[d]["first_stage"] for d in ("t2i", "i2t"))
+
+
+def test_fit_first_stage_weight_through_the_cli_records_the_weight_and_its_calibration(tiny_world, tiny_ckpt, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root, _, raw = tiny_world
+    ckpt, _ = tiny_ckpt
+    fit = tmp_path / "fit-ckpt"
+    shutil.copytree(ckpt, fit)
+    ann = str(root / "world" / "flickr30k_test.json")
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, str(repo / "jobs" / "evaluate.py"), "--annotations", ann, "--tokens", str(raw),
+                    "--checkpoint", str(fit), "--fit-first-stage-weight", "--threads", "1",
+                    "--output", str(tmp_path / "fit")], check=True, cwd=repo, env={**os.environ},
+                   stdout=subprocess.DEVNULL)
+    recorded = json.loads((fit / "config.json").read_text())["ranking"]
+    sweep = json.loads((tmp_path / "fit" / "run.json").read_text())["timings"]["first_stage_weight_sweep"]
+    best = max(sweep.values())
+    assert recorded["first_stage_weight"] == min(float(w) for w, v in sweep.items() if v == best)  # ties: smaller w
+    assert recorded["chosen_on"] == ann and recorded["calibrated_on"] == ann
+    assert recorded["calibration_scale"] >= 0 and np.isfinite(recorded["calibration_bias"])
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    assert metrics["ranking"] == recorded and metrics["calibration"]["calibrated"]
+    # A later evaluation without flags reads the same rule back from the checkpoint.
+    _run(["--annotations", ann, "--tokens", str(raw), "--checkpoint", str(fit), "--output", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again" / "metrics.json").read_text())
+    assert again["ranking"] == recorded and again["calibration"] == metrics["calibration"]
+    assert again["t2i"]["reranked"] == metrics["t2i"]["reranked"]

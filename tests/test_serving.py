@@ -49,7 +49,7 @@ def corpus(tmp_path_factory, tiny_edje_config):
 
 
 @pytest.fixture(scope="module")
-def served(ray_local, corpus):
+def served(ray_local, corpus, tmp_path_factory):
     from ray import serve
 
     from serving.app import build
@@ -60,6 +60,8 @@ def served(ray_local, corpus):
     cfg = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables),
                       caption_sources=(corpus.raw_table,), max_documents=MAX_DOCS, max_text_chars=MAX_CHARS,
                       auth_token=TOKEN, max_batch_pairs=32, batch_wait_timeout_s=0.05,
+                      # Live images on, urls on loopback only: the fuzz below reaches /v1/images and fetches nothing else.
+                      live_dir=str(tmp_path_factory.mktemp("live")), image_url_hosts=("127.0.0.1",),
                       reranker=DeploymentResources(num_replicas=2, num_cpus=0.5, max_ongoing_requests=64))
     serve.run(build(cfg), name="edje", route_prefix="/")
     miner_only = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.annotations,), auth_token_env=None)
@@ -323,12 +325,58 @@ def test_auth_health_info_and_openapi(served, corpus):
     assert r.status_code == 401
     info = http.get(url + "/v1/info").json()
     assert info["corpus_size"] == 48 and info["token_store"]["metadata"]["kind"] == "compressed"
+    # The ranking rule and its calibration: this random checkpoint records neither a weight nor a calibration.
+    assert info["ranking"]["first_stage_weight"] == 0.0 and info["ranking"]["calibration_scale"] is None
+    assert info["ranking"]["rule"] == "score = ITM logit; relevance = sigmoid(score) (not calibrated)"
     assert info["adapter_hash"] == info["token_store"]["metadata"]["adapter_hash"]
     assert info["token_store"]["memory_bytes"] > 0 and info["precision"] == "fp32"
     assert info["limits"]["max_documents"] == MAX_DOCS
     spec = requests.get(url + "/openapi.json").json()
-    for path in ("/v1/rerank", "/v2/rerank", "/v1/rerank/texts", "/v1/search", "/v1/negatives", "/healthz", "/v1/info"):
+    for path in ("/v1/rerank", "/v2/rerank", "/v1/rerank/texts", "/v1/search", "/v1/negatives", "/v1/images", "/healthz",
+                 "/v1/info"):
         assert path in spec["paths"], path
+
+
+def _valid_requests(corpus):
+    """A request that succeeds, for each route that needs the token (a route added later needs one here)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(png, format="PNG")
+    ids = corpus.image_ids
+    return {("post", "/v1/rerank"): {"query": "q", "documents": ids[:2]},
+            ("post", "/v2/rerank"): {"query": "q", "documents": ids[:2]},
+            ("post", "/v1/rerank/texts"): {"image": ids[0], "texts": ["a", "b"]},
+            ("post", "/v1/search"): {"query": "q", "top_k": 2},
+            ("post", "/v1/negatives"): {"pairs": [{"image_id": ids[0], "caption": "c"}], "k": 1},
+            ("post", "/v1/images"): {"image": base64.b64encode(png.getvalue()).decode(), "id": "auth-probe"},
+            ("get", "/v1/info"): None}
+
+
+def test_every_route_checks_the_token_before_anything_else(served, corpus):
+    """Generated from the app's own route table (its OpenAPI paths): 401 without the right token whatever the
+    body (auth runs before validation), success with it."""
+    from serving.ingress import PUBLIC_PATHS
+
+    url, http = served
+    spec = requests.get(url + "/openapi.json").json()
+    routes = {(method, path) for path, ops in spec["paths"].items() for method in ops if path not in PUBLIC_PATHS}
+    valid = _valid_requests(corpus)
+    assert routes == set(valid), "a route without a valid request in _valid_requests: add one"
+    for method, path in sorted(routes):
+        for body in ({}, valid[(method, path)], "not json", None):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic x"}):
+                kw = {"data": body} if isinstance(body, str) else {"json": body}
+                r = requests.request(method, url + path, headers=headers, timeout=60, **kw)
+                assert r.status_code == 401, (method, path, body, headers, r.status_code, r.text[:200])
+                assert r.headers.get("WWW-Authenticate") == "Bearer"
+        r = http.request(method, url + path, json=valid[(method, path)], timeout=120)
+        assert r.status_code == 200, (method, path, r.text[:300])
+    for path in PUBLIC_PATHS & set(spec["paths"]) | {"/openapi.json"}:
+        assert requests.get(url + path, timeout=60).status_code == 200, path
 
 
 def test_openapi_states_the_limits_the_server_enforces(served):

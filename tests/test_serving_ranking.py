@@ -18,6 +18,7 @@ from serving.config import DeploymentResources, ServeConfig
 from serving.random_corpus import write_random_corpus
 
 WEIGHT = 40.0  # large enough that the cosine term reorders a random model's logits
+CALIBRATION = (0.05, -1.0)  # relevance = sigmoid(0.05 x score - 1): no saturation at scores ~ 40 x cosine
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def fused_corpus(tmp_path_factory, tiny_edje_config):
     corpus = write_random_corpus(str(root / "corpus"), tiny_edje_config, num_images=24, num_tables=1)
     fused = str(root / "fused-checkpoint")
     shutil.copytree(corpus.checkpoint, fused)
-    write_ranking(fused, RankingConfig(WEIGHT, chosen_on="test"))
+    write_ranking(fused, RankingConfig(WEIGHT, chosen_on="test").with_calibration(*CALIBRATION, "test-val"))
     return corpus, fused
 
 
@@ -67,5 +68,14 @@ def test_served_scores_follow_the_checkpoints_fused_rule(ray_local, fused_corpus
         np.testing.assert_allclose(got, expected, atol=2e-3)
         assert not np.allclose(got, itm, atol=1e-2)  # the cosine term is really there
         assert [x["index"] for x in body["results"]] == list(np.argsort(-expected, kind="stable"))
+        # relevance_score is the recorded Platt calibration of the fused score, not sigmoid(score).
+        calibrated = requests.post(f"http://127.0.0.1:{port}/v1/rerank", timeout=120,
+                                   json={"query": query, "documents": docs}).json()["results"]
+        a, b = CALIBRATION
+        np.testing.assert_allclose([x["relevance_score"] for x in calibrated],
+                                   1 / (1 + np.exp(-(a * np.sort(expected)[::-1] + b))), atol=1e-4)
+        info = requests.get(f"http://127.0.0.1:{port}/v1/info", timeout=60).json()["ranking"]
+        assert info["first_stage_weight"] == WEIGHT and info["calibration_scale"] == a and info["calibrated_on"] == "test-val"
+        assert info["rule"] == "score = ITM logit + 40 x first-stage cosine; relevance = sigmoid(0.05 x score + -1)"
     finally:
         serve.shutdown()

@@ -1,0 +1,101 @@
+"""The shipped checkpoint's calibrated relevance_score, over HTTP, on a sample world nobody trained or tuned on.
+
+checkpoints/edje-c16 records its ranking rule (ITM + 32 x first-stage cosine, weight chosen on world seed 100)
+and a Platt calibration fitted on another validation world (seed 101). Seed 23 is used by nothing else.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from serving.config import DeploymentResources, ServeConfig
+from serving.startup import StartupConfig
+
+os.environ.update(StartupConfig().env())
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKPOINT = str(REPO / "checkpoints" / "edje-c16")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def unseen_world(tmp_path_factory):
+    """Seed-23 test split (48 images in families of twins), compressed int8 tables made with the checkpoint's adapter."""
+    from evaluation.annotations import load_annotations
+    from evaluation.rerank_eval import family_groups
+    from evaluation.tables import encode_annotations
+    from model.backbone import VisionBackbone
+    from model.edje import load_checkpoint, read_checkpoint_config
+    from sampleworld.world import WorldConfig, generate
+    from schemas.config import BackboneConfig
+    from schemas.token_table import TableMetadata, build_table, decode_tokens, read_token_table, write_token_table
+
+    root = tmp_path_factory.mktemp("unseen")
+    generate(WorldConfig(seed=23, n_train=0, n_val=0, n_test=48), root / "world")
+    bcfg = read_checkpoint_config(CHECKPOINT)["config"]["backbone"]
+    backbone = VisionBackbone.create(BackboneConfig(bcfg["name"], str(REPO / bcfg["pretrained"]), bcfg["feature_layer"]))
+    ann_path = root / "world" / "flickr30k_test.json"
+    encode_annotations(str(ann_path), backbone, str(root / "raw.parquet"))
+    table, meta = read_token_table(str(root / "raw.parquet"))
+    model = load_checkpoint(CHECKPOINT).eval()
+    with torch.no_grad():
+        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta))).numpy()
+    cmeta = TableMetadata(kind="compressed", backbone=meta.backbone, pretrained=meta.pretrained,
+                          feature_layer=meta.feature_layer, num_tokens=tokens.shape[1], width=tokens.shape[2],
+                          quantization="int8", embed_dim=meta.embed_dim, adapter_hash=model.adapter_hash())
+    emb = np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])
+    write_token_table(build_table(cmeta, table.column("image_id").to_pylist(), tokens, emb), str(root / "c16.parquet"))
+    ann = load_annotations(ann_path)
+    return ann, family_groups(ann), str(root / "c16.parquet")
+
+
+def test_relevance_is_calibrated_on_an_unseen_world(ray_local, unseen_world):
+    from ray import serve
+
+    from model.ranking import read_ranking
+    from serving.app import build
+
+    ann, families, tables = unseen_world
+    rule = read_ranking(CHECKPOINT)
+    assert rule.calibrated and rule.first_stage_weight > 0  # the shipped rule fuses and is calibrated
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(tables,), auth_token_env=None,
+                          reranker=DeploymentResources(num_cpus=0.25))
+        serve.run(build(cfg), name="calibrated", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        info = requests.get(url + "/v1/info", timeout=60).json()["ranking"]
+        assert info["calibration_scale"] == rule.calibration_scale and "relevance = sigmoid(" in info["rule"]
+        true_rel, twin_rel, top = [], [], []
+        first_caption = [c[0] for c in ann.image_to_captions()]
+        for i, image_id in enumerate(ann.image_ids):
+            family = [ann.image_ids[j] for j in np.flatnonzero(families == families[i])]  # the image and its twins
+            query = ann.captions[first_caption[i]]
+            body = requests.post(url + "/v1/rerank", timeout=120,
+                                 json={"query": query, "documents": family, "return_documents": False}).json()
+            rel = {family[x["index"]]: x["relevance_score"] for x in body["results"]}
+            true_rel.append(rel[image_id])
+            twin_rel.extend(v for k, v in rel.items() if k != image_id)
+            top.append(body["results"][0]["relevance_score"])
+        top = np.array(top)
+        # Not saturated: the best result of each query gets its own probability, none of them 1.0.
+        assert top.max() < 0.999 and np.ptp(top) > 0.05, top
+        assert np.mean(true_rel) > np.mean(twin_rel), (np.mean(true_rel), np.mean(twin_rel))
+        # raw_scores is the uncalibrated score; relevance is sigmoid(a x score + b) of it.
+        docs = ann.image_ids[:6]
+        raw = requests.post(url + "/v1/rerank", timeout=120, json={"query": ann.captions[0], "documents": docs,
+                                                                  "raw_scores": True}).json()["results"]
+        cal = requests.post(url + "/v1/rerank", timeout=120, json={"query": ann.captions[0], "documents": docs}).json()
+        np.testing.assert_allclose([x["relevance_score"] for x in cal["results"]],
+                                   rule.probability([x["relevance_score"] for x in raw]), atol=1e-5)
+    finally:
+        serve.shutdown()

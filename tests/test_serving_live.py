@@ -1,0 +1,219 @@
+"""Live images over real HTTP on loopback: POST /v1/images, image documents by url and base64, bad input, restart.
+
+One Serve app with two reranker replicas and a live folder; images are served to it by the sample
+world's loopback file server. The restart test runs last.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+from PIL import Image
+
+from sampleworld.server import serve_directory
+from serving.config import DeploymentResources, ServeConfig
+from serving.ingress import REPLICA_HEADER
+from serving.random_corpus import write_random_corpus
+from serving.startup import StartupConfig
+
+os.environ.update(StartupConfig().env())
+
+TOKEN = "live-token"
+MAX_IMAGE_BYTES = 200_000
+MAX_IMAGE_PIXELS = 1_000_000
+pytestmark = pytest.mark.slow
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tiny_edje_config):
+    return write_random_corpus(str(tmp_path_factory.mktemp("live-corpus")), tiny_edje_config, num_images=48)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, corpus):
+    """A loopback file server with: corpus image 0 as PNG (the stored pixels), a too-large file, a bomb, junk."""
+    from model.backbone import VisionBackbone
+
+    root = tmp_path_factory.mktemp("images")
+    size = VisionBackbone.create(corpus.config.backbone).preprocess.size
+    # write_random_corpus's images: the same generator, seed 0, drawn in one call.
+    pixels = np.random.default_rng(0).integers(0, 256, (48, size, size, 3), dtype=np.uint8)
+    (root / "img0.png").write_bytes(_png(pixels[0]))
+    (root / "img1.png").write_bytes(_png(pixels[1]))
+    (root / "big.png").write_bytes(_png(np.random.default_rng(1).integers(0, 256, (400, 400, 3), dtype=np.uint8)))
+    assert (root / "big.png").stat().st_size > MAX_IMAGE_BYTES
+    (root / "bomb.png").write_bytes(_png(np.zeros((1200, 1200, 3), np.uint8)))  # small file, 1.44 M pixels
+    (root / "junk.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    server = serve_directory(root)
+    yield server, root
+    server.stop()
+
+
+def _config(corpus, live_dir) -> ServeConfig:
+    return ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token=TOKEN,
+                       live_dir=live_dir, max_image_bytes=MAX_IMAGE_BYTES, max_image_pixels=MAX_IMAGE_PIXELS,
+                       max_image_documents=4, image_fetch_timeout_s=5.0, image_url_hosts=("127.0.0.1",),
+                       reranker=DeploymentResources(num_replicas=2, num_cpus=0.5))
+
+
+@pytest.fixture(scope="module")
+def served(ray_local, corpus, tmp_path_factory):
+    from ray import serve
+
+    from serving.app import build
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cfg = _config(corpus, str(tmp_path_factory.mktemp("live")))
+    serve.run(build(cfg), name="live", route_prefix="/")
+    http = requests.Session()
+    http.headers["Authorization"] = f"Bearer {TOKEN}"
+    yield f"http://127.0.0.1:{port}", http, cfg
+    serve.shutdown()
+
+
+def _raw(http, url, query, documents):
+    r = http.post(url + "/v1/rerank", json={"query": query, "documents": documents, "raw_scores": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    out = np.zeros(len(documents))
+    for x in r.json()["results"]:
+        out[x["index"]] = x["relevance_score"]
+    return out, r
+
+
+def test_an_added_image_scores_like_the_same_stored_image_on_every_replica(served, images, corpus):
+    url, http, _ = served
+    server, _ = images
+    r = http.post(url + "/v1/images", json={"url": server.url("img0.png"), "id": "copy-0"}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "copy-0" and r.json()["corpus_size"] == 49 and r.json()["url"].endswith("img0.png")
+    query = corpus.captions[0]
+
+    def call(_):
+        s = requests.Session()
+        s.headers["Authorization"] = f"Bearer {TOKEN}"
+        return _raw(s, url, query, ["img_00000", "copy-0", "img_00001"])
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(call, range(16)))
+    # The same pixels through the live path (decode, backbone, adapter, int8) score as the offline-encoded row.
+    for scores, _ in got:
+        assert scores[1] == pytest.approx(scores[0], abs=1e-3) and scores[2] != pytest.approx(scores[0], abs=1e-6)
+    assert len({resp.headers[REPLICA_HEADER] for _, resp in got}) == 2  # both replicas hold it
+    hits = http.post(url + "/v1/search", json={"query": query, "top_k": 60, "raw_scores": True}, timeout=120).json()
+    assert "copy-0" in [h["image_id"] for h in hits["results"]]  # the first stage indexed it too
+    info = http.get(url + "/v1/info").json()
+    assert info["corpus_size"] == 49 and info["live_images"]["enabled"]
+
+
+def test_image_documents_by_url_and_base64_are_encoded_and_scored(served, images, corpus):
+    url, http, _ = served
+    server, root = images
+    b64 = base64.b64encode((root / "img0.png").read_bytes()).decode()
+    query = corpus.captions[3]
+    docs = ["img_00000", {"image": server.url("img0.png")}, {"image": b64}, {"image": "data:image/png;base64," + b64},
+            {"image": server.url("img1.png")}]
+    scores, r = _raw(http, url, query, docs)
+    np.testing.assert_allclose(scores[1:4], scores[0], atol=1e-3)
+    assert scores[4] == pytest.approx(_raw(http, url, query, ["img_00001"])[0][0], abs=1e-3)
+    echoed = {x["index"]: x["document"] for x in r.json()["results"]}
+    assert echoed[1]["url"] == server.url("img0.png") and echoed[1]["text"].startswith("sha256:")
+    assert echoed[2]["text"] == echoed[1]["text"] and "url" not in echoed[2]  # same bytes, same content hash
+    # Not raw: an uncalibrated checkpoint's relevance is sigmoid(score).
+    plain = http.post(url + "/v1/rerank", json={"query": query, "documents": docs}).json()["results"]
+    got = {x["index"]: x["relevance_score"] for x in plain}
+    np.testing.assert_allclose([got[i] for i in range(5)], 1 / (1 + np.exp(-scores)), atol=1e-5)
+    # Cohere's v2 SDK against /v2/rerank: documents are strings (image ids), the token its api key.
+    import cohere
+
+    co = cohere.ClientV2(api_key=TOKEN, base_url=url)
+    ids = ["img_00002", "img_00000", "copy-0", "img_00005"]
+    res = co.rerank(model="rerank-v3.5", query=query, documents=ids, top_n=3)
+    expected, _ = _raw(http, url, query, ids)
+    assert [x.index for x in res.results] == list(np.argsort(-expected, kind="stable")[:3])
+    np.testing.assert_allclose([x.relevance_score for x in res.results],
+                               1 / (1 + np.exp(-np.sort(expected)[::-1][:3])), atol=1e-5)
+    with pytest.raises(cohere.errors.UnauthorizedError):
+        cohere.ClientV2(api_key="wrong", base_url=url).rerank(model="m", query=query, documents=ids)
+
+
+def test_bad_images_are_4xx_naming_the_problem(served, images, corpus):
+    url, http, _ = served
+    server, root = images
+    junk64 = base64.b64encode(b"not an image at all").decode()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/x.png"
+    cases = [
+        ({"url": server.url("junk.png")}, 422, "not_an_image"),
+        ({"image": junk64}, 422, "not_an_image"),
+        ({"image": "%%% not base64 %%%"}, 422, "base64"),
+        ({"url": server.url("missing.png")}, 422, "404"),
+        ({"url": dead}, 422, "could not fetch"),
+        ({"url": "http://images.example/x.png"}, 422, "not fetched by this server"),  # never resolved: not allowed
+        ({"url": server.url("big.png")}, 413, "limit"),
+        ({"image": base64.b64encode((root / "big.png").read_bytes()).decode()}, 422, "image"),  # over maxLength
+        ({"url": server.url("bomb.png")}, 413, "decompression_bomb"),
+        ({"url": server.url("img0.png"), "id": "copy-0"}, 409, "already in the corpus"),
+        ({"url": server.url("img0.png"), "id": "img_00003"}, 409, "already in the corpus"),
+        ({}, 422, "exactly one"),
+        ({"url": server.url("img0.png"), "image": junk64}, 422, "exactly one"),
+        ({"url": "ftp://127.0.0.1/x.png"}, 422, "url"),
+    ]
+    for body, status, needle in cases:
+        r = http.post(url + "/v1/images", json=body, timeout=60)
+        assert r.status_code == status, (body if len(str(body)) < 300 else list(body), r.text[:300])
+        payload = r.json()
+        assert needle in str(payload.get("message") or payload["detail"]), (needle, r.text[:300])
+    r = http.post(url + "/v1/rerank", json={"query": "q", "documents": ["img_00000", {"image": junk64}]})
+    assert r.status_code == 422 and "documents.1" in r.json()["detail"], r.text
+    r = http.post(url + "/v1/rerank", json={"query": "q", "documents": [{"image": dead}]})
+    assert r.status_code == 422 and "documents.0: could not fetch" in r.json()["detail"], r.text
+    r = http.post(url + "/v1/rerank", json={"query": "q", "documents": [{"image": server.url("img0.png")}] * 5})
+    assert r.status_code == 422 and "at most 4 image documents" in r.json()["message"], r.text
+    assert http.get(url + "/v1/info").json()["corpus_size"] == 49  # nothing bad was added
+    schema = requests.get(url + "/openapi.json").json()["components"]["schemas"]["AddImageRequest"]["properties"]
+    image = [s for s in schema["image"]["anyOf"] if s.get("type") == "string"][0]
+    assert image["maxLength"] == 4 * -(-MAX_IMAGE_BYTES // 3) + 64
+    assert [s for s in schema["url"]["anyOf"] if s.get("type") == "string"][0]["pattern"].startswith("^https?://")
+
+
+def test_added_images_survive_a_restart(served, images, corpus):
+    from ray import serve
+
+    from serving.app import build
+
+    url, http, cfg = served
+    _, root = images
+    data = (root / "img1.png").read_bytes()
+    r = http.post(url + "/v1/images", json={"image": base64.b64encode(data).decode()}, timeout=120)
+    assert r.status_code == 200, r.text
+    new_id = r.json()["id"]
+    assert new_id.startswith("live-") and r.json()["sha256"].startswith(new_id[5:])
+    query = corpus.captions[7]
+    before, _ = _raw(http, url, query, ["copy-0", new_id, "img_00001"])
+    tables = os.listdir(os.path.join(cfg.live_dir, "tables"))
+    assert len([t for t in tables if t.endswith(".parquet")]) == 2  # one token table per added image
+
+    serve.delete("live")
+    serve.run(build(cfg), name="live", route_prefix="/")
+    after, _ = _raw(http, url, query, ["copy-0", new_id, "img_00001"])
+    np.testing.assert_allclose(after, before, atol=1e-5)
+    assert after[1] == pytest.approx(after[2], abs=1e-3)  # the base64 image is img_00001's pixels
+    assert http.get(url + "/v1/info").json()["corpus_size"] == 50
+    r = http.post(url + "/v1/images", json={"image": base64.b64encode(data).decode()}, timeout=120)
+    assert r.status_code == 409, r.text  # the same content again: its default id is taken
