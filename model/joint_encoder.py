@@ -7,7 +7,7 @@ text-embedding recovery (text-only [CLS] -> linear -> the backbone's text-embedd
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence
 
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertPooler
 
+from model import wordpieces
 from schemas.config import JointEncoderConfig
 
 
@@ -49,6 +50,8 @@ class JointEncoder(nn.Module):
         extend_position_embeddings(self.bert, self.max_length)
         self.itm_head = nn.Sequential(BertPooler(self.bert.config), nn.Linear(hidden, 1))
         self.recovery_head = nn.Linear(hidden, cfg.text_embed_dim)
+        # Captions recur across training steps (and queries across requests): tokenise each once.
+        self.wordpiece_cache = wordpieces.WordpieceCache()
 
     @property
     def hidden_size(self) -> int:
@@ -61,28 +64,25 @@ class JointEncoder(nn.Module):
     # ------------------------------------------------------------ inputs
     def tokenize_pairs(self, texts: Sequence[str], num_image_tokens: int) -> PairBatch:
         """Lay out `[CLS] caption [SEP] <image>xm [SEP] [PAD]...` for each caption."""
+        return self._pair_batch(texts, num_image_tokens, torch.device("cpu"))
+
+    def _caption_wordpieces(self, texts: Sequence[str]):
+        """Caption wordpieces of each text (no special tokens, truncated), each distinct text tokenised once;
+        returns (rows of the distinct texts, inverse index [B])."""
+        unique, inverse = wordpieces.distinct(texts)
+        n = self.config.max_text_tokens
         tok = self.tokenizer
-        ids = tok(list(texts), add_special_tokens=False, truncation=True, max_length=self.config.max_text_tokens)["input_ids"]
-        m = num_image_tokens
-        lengths = [len(t) + 3 + m for t in ids]
-        T = max(lengths)
-        b = len(ids)
-        input_ids = torch.full((b, T), tok.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((b, T), dtype=torch.long)
-        types = torch.zeros((b, T), dtype=torch.long)
-        image_mask = torch.zeros((b, T), dtype=torch.bool)
-        text_mask = torch.zeros((b, T), dtype=torch.bool)
-        for i, t in enumerate(ids):
-            n = len(t)
-            input_ids[i, 0] = tok.cls_token_id
-            input_ids[i, 1:n + 1] = torch.tensor(t, dtype=torch.long)
-            input_ids[i, n + 1] = tok.sep_token_id
-            input_ids[i, n + 2 + m] = tok.sep_token_id
-            text_mask[i, 1:n + 1] = True
-            image_mask[i, n + 2:n + 2 + m] = True
-            types[i, n + 2:n + 3 + m] = 1
-            attention[i, :lengths[i]] = 1
-        return PairBatch(input_ids, attention, types, image_mask, text_mask)
+
+        def tokenize(batch: List[str]) -> List[List[int]]:
+            return tok(batch, add_special_tokens=False, truncation=True, max_length=n)["input_ids"]
+        return self.wordpiece_cache.lookup(unique, tokenize, (id(tok), n)), inverse
+
+    def _pair_batch(self, texts: Sequence[str], num_image_tokens: int, device: torch.device) -> PairBatch:
+        """The pair layout built once per distinct text on the CPU, then gathered per pair on `device`."""
+        rows, inverse = self._caption_wordpieces(texts)
+        tok = self.tokenizer
+        fields = wordpieces.pair_rows(rows, num_image_tokens, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
+        return PairBatch(*_gather(fields, inverse, device))
 
     def embed_pairs(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
         """Word embeddings with the image positions replaced by `image_tokens`."""
@@ -110,15 +110,19 @@ class JointEncoder(nn.Module):
     def encode_pairs(self, texts: Sequence[str], image_tokens: torch.Tensor, input_ids: Optional[torch.Tensor] = None):
         """Run BERT over pairs; returns (sequence output [B, T, h], PairBatch)."""
         self.check_image_tokens(texts, image_tokens)
-        batch = _to(self.tokenize_pairs(texts, image_tokens.shape[1]), image_tokens.device)
+        batch = self._pair_batch(texts, image_tokens.shape[1], image_tokens.device)
         if input_ids is not None:
             batch.input_ids = input_ids
+        return self._encode(batch, image_tokens), batch
+
+    def _encode(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
+        """BERT's sequence output [B, T, h] over a laid-out batch."""
         out = self.bert.bert(
             inputs_embeds=self.embed_pairs(batch, image_tokens),
             attention_mask=batch.attention_mask,
             token_type_ids=batch.token_type_ids,
         )
-        return out.last_hidden_state, batch
+        return out.last_hidden_state
 
     def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
         """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
@@ -131,22 +135,23 @@ class JointEncoder(nn.Module):
                    generator: Optional[torch.Generator] = None):
         """Mask `mask_prob` of caption wordpieces (never special or image tokens); returns (logits, labels)."""
         self.check_image_tokens(texts, image_tokens)
-        batch = _to(self.tokenize_pairs(texts, image_tokens.shape[1]), image_tokens.device)
+        batch = self._pair_batch(texts, image_tokens.shape[1], image_tokens.device)
         draw = torch.rand(batch.input_ids.shape, generator=generator).to(image_tokens.device)
         masked = batch.text_mask & (draw < mask_prob)
         labels = torch.where(masked, batch.input_ids, torch.full_like(batch.input_ids, -100))
         input_ids = torch.where(masked, torch.full_like(batch.input_ids, self.tokenizer.mask_token_id), batch.input_ids)
-        hidden, _ = self.encode_pairs(texts, image_tokens, input_ids=input_ids)
+        hidden = self._encode(replace(batch, input_ids=input_ids), image_tokens)
         # Only caption positions carry labels, so the (vocab-wide) LM head runs on those alone.
         sel = batch.text_mask
         return self.bert.cls(hidden[sel]), labels[sel]
 
     def text_embedding(self, texts: Sequence[str]) -> torch.Tensor:
         """Text-only [CLS] -> recovery head: predicted backbone text embedding [B, text_embed_dim]."""
-        enc = self.tokenizer(list(texts), truncation=True, max_length=self.config.max_text_tokens + 2,
-                             padding=True, return_tensors="pt").to(self.device)
-        out = self.bert.bert(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                             token_type_ids=torch.zeros_like(enc["input_ids"]))
+        rows, inverse = self._caption_wordpieces(texts)
+        tok = self.tokenizer
+        input_ids, attention = _gather(wordpieces.text_rows(rows, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id),
+                                       inverse, self.device)
+        out = self.bert.bert(input_ids=input_ids, attention_mask=attention, token_type_ids=torch.zeros_like(input_ids))
         return self.recovery_head(out.last_hidden_state[:, 0])
 
 
@@ -166,6 +171,14 @@ def extend_position_embeddings(bert: BertForMaskedLM, target: int) -> None:
     if hasattr(emb, "token_type_ids"):
         emb.register_buffer("token_type_ids", torch.zeros(1, target, dtype=torch.long), persistent=False)
     bert.config.max_position_embeddings = target
+
+
+def _gather(rows: Sequence[torch.Tensor], inverse: torch.Tensor, device: torch.device) -> List[torch.Tensor]:
+    """Per-pair tensors from per-distinct-text ones: moved to `device` first (U rows, not B), then indexed."""
+    if len(inverse) == len(rows[0]):  # every text distinct: `inverse` is the identity
+        return [r.to(device) for r in rows]
+    inverse = inverse.to(device)
+    return [r.to(device)[inverse] for r in rows]
 
 
 def _to(batch: PairBatch, device: torch.device) -> PairBatch:
