@@ -116,9 +116,7 @@ def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_locati
     if bert_cfg is None:  # checkpoints written before bert_config was recorded
         from transformers import BertConfig
         bert_cfg = BertConfig.from_pretrained(enc.language_model).to_dict()
-    local = EDJEConfig(cfg.backbone, cfg.adapter, type(enc)(
-        language_model=None, tokenizer=tokenizer_dir, bert_config=bert_cfg, max_text_tokens=enc.max_text_tokens,
-        num_image_tokens=enc.num_image_tokens, text_embed_dim=enc.text_embed_dim))
+    local = EDJEConfig(cfg.backbone, cfg.adapter, replace(enc, language_model=None, tokenizer=tokenizer_dir, bert_config=bert_cfg))
     model = EDJEModel(local, load_language_model=False)
     # In memory the tokenizer is the checkpoint's own copy on this machine (a student built from this
     # encoder's config, as distillation does, loads it from there).

@@ -8,7 +8,7 @@ text-embedding recovery (text-only [CLS] -> linear -> the backbone's text-embedd
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ class JointEncoder(nn.Module):
         extend_position_embeddings(self.bert, self.max_length)
         self.itm_head = nn.Sequential(BertPooler(self.bert.config), nn.Linear(hidden, 1))
         self.recovery_head = nn.Linear(hidden, cfg.text_embed_dim)
+        self.word_context = WordContext(hidden, cfg.word_context) if cfg.word_context else None
         # Captions recur across training steps (and queries across requests): tokenise each once.
         self.wordpiece_cache = wordpieces.WordpieceCache()
 
@@ -88,7 +89,8 @@ class JointEncoder(nn.Module):
         """Word embeddings with the image positions replaced by `image_tokens`."""
         emb = self.bert.get_input_embeddings()(batch.input_ids)
         mask = batch.image_mask.unsqueeze(-1).expand_as(emb)
-        return emb.masked_scatter(mask, image_tokens.to(emb.dtype))
+        emb = emb.masked_scatter(mask, image_tokens.to(emb.dtype))
+        return self.word_context(emb, batch.text_mask) if self.word_context is not None else emb
 
     def check_image_tokens(self, texts: Sequence[str], image_tokens: torch.Tensor) -> None:
         """Shape checks that would otherwise surface as a broadcast or a crash deep in torch."""
@@ -132,12 +134,17 @@ class JointEncoder(nn.Module):
     forward = score
 
     def mlm_logits(self, texts: Sequence[str], image_tokens: torch.Tensor, mask_prob: float = 0.5,
-                   generator: Optional[torch.Generator] = None):
-        """Mask `mask_prob` of caption wordpieces (never special or image tokens); returns (logits, labels)."""
+                   generator: Optional[torch.Generator] = None,
+                   mask_policy: Optional[Callable[[PairBatch, Optional[torch.Generator]], torch.Tensor]] = None):
+        """Mask `mask_prob` of caption wordpieces (never special or image tokens), or the positions
+        `mask_policy(batch, generator)` picks among them; returns (logits, labels)."""
         self.check_image_tokens(texts, image_tokens)
         batch = self._pair_batch(texts, image_tokens.shape[1], image_tokens.device)
-        draw = torch.rand(batch.input_ids.shape, generator=generator).to(image_tokens.device)
-        masked = batch.text_mask & (draw < mask_prob)
+        if mask_policy is not None:
+            masked = batch.text_mask & mask_policy(batch, generator)
+        else:
+            draw = torch.rand(batch.input_ids.shape, generator=generator).to(image_tokens.device)
+            masked = batch.text_mask & (draw < mask_prob)
         labels = torch.where(masked, batch.input_ids, torch.full_like(batch.input_ids, -100))
         input_ids = torch.where(masked, torch.full_like(batch.input_ids, self.tokenizer.mask_token_id), batch.input_ids)
         hidden = self._encode(replace(batch, input_ids=input_ids), image_tokens)
@@ -151,8 +158,29 @@ class JointEncoder(nn.Module):
         tok = self.tokenizer
         input_ids, attention = _gather(wordpieces.text_rows(rows, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id),
                                        inverse, self.device)
-        out = self.bert.bert(input_ids=input_ids, attention_mask=attention, token_type_ids=torch.zeros_like(input_ids))
+        emb = self.bert.get_input_embeddings()(input_ids)
+        if self.word_context is not None:
+            specials = (input_ids == tok.cls_token_id) | (input_ids == tok.sep_token_id)
+            emb = self.word_context(emb, attention.bool() & ~specials)
+        out = self.bert.bert(inputs_embeds=emb, attention_mask=attention, token_type_ids=torch.zeros_like(input_ids))
         return self.recovery_head(out.last_hidden_state[:, 0])
+
+
+class WordContext(nn.Module):
+    """Each caption word's input embedding plus a learned mix of its neighbours' (1-D convolution over
+    caption positions only; image and special tokens neither give nor take). Zero-initialised, so a
+    model starts as plain BERT and learns how much word order to fold in."""
+
+    def __init__(self, hidden: int, kernel: int):
+        super().__init__()
+        self.conv = nn.Conv1d(hidden, hidden, kernel, padding=kernel // 2)
+        nn.init.zeros_(self.conv.weight)
+        nn.init.zeros_(self.conv.bias)
+
+    def forward(self, emb: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+        keep = text_mask.unsqueeze(-1).to(emb.dtype)
+        mixed = self.conv((emb * keep).transpose(1, 2)).transpose(1, 2)
+        return emb + mixed * keep
 
 
 def extend_position_embeddings(bert: BertForMaskedLM, target: int) -> None:

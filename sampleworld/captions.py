@@ -158,7 +158,19 @@ def _three(w: list[_Words], r1: str, r2: str, row: bool, t: int, p: _Picker) -> 
     raise IndexError(t)
 
 
-N_TEMPLATES = {2: 8, 3: 6}
+def _one(w: _Words, t: int, p: _Picker) -> str:
+    if t == 0:
+        return w.a
+    if t == 1:
+        return f"there is {w.a}"
+    if t == 2:
+        return w.paren
+    if t == 3:
+        return f"{p.pick(OPENERS)} {w.a}"
+    raise IndexError(t)
+
+
+N_TEMPLATES = {1: 4, 2: 8, 3: 6}
 
 
 def make_captions(scene: Scene, n: int, seed: int) -> list[str]:
@@ -173,7 +185,9 @@ def make_captions(scene: Scene, n: int, seed: int) -> list[str]:
         lex = _lexicon(p)
         words = [_Words(o, lex) for o in scene.objects]
         t = int(order[i % len(order)])
-        if n_obj == 2:
+        if n_obj == 1:
+            text = _one(words[0], t, p)
+        elif n_obj == 2:
             text = _two(words, rels[0], t, p)
         else:
             text = _three(words, rels[0], rels[1], scene.is_row, t, p)

@@ -26,6 +26,10 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--image-size", type=int, default=_DEFAULTS.image_size, help="image side in pixels (default %(default)s)")
     g.add_argument("--family-size", type=int, default=_DEFAULTS.family_size, help="images per family: base + twins (default %(default)s)")
     g.add_argument("--captions-per-image", type=int, default=_DEFAULTS.captions_per_image, help="captions per image (default %(default)s)")
+    g.add_argument("--min-objects", type=int, default=_DEFAULTS.min_objects, help="fewest objects per scene (default %(default)s)")
+    g.add_argument("--max-objects", type=int, default=_DEFAULTS.max_objects,
+                   help="most objects per scene (default %(default)s); --min-objects 1 --max-objects 1 --family-size 1 "
+                   "is the curriculum's first world: one object per image, no twins")
 
     u = sub.add_parser("urls", help="write a CC12M-style url list (url, caption, image_id) for a generated world")
     u.add_argument("--world", required=True, help="directory written by 'generate'")
@@ -53,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             image_size=args.image_size,
             family_size=args.family_size,
             captions_per_image=args.captions_per_image,
+            min_objects=args.min_objects,
+            max_objects=args.max_objects,
         )
         t0 = time.perf_counter()
         m = generate(config, args.out)

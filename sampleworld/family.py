@@ -51,6 +51,7 @@ def sample_family(
     rng: np.random.Generator,
     family_size: int,
     taken: set[tuple] | None = None,
+    objects: tuple[int, int] = (2, 3),
 ) -> list[Member]:
     """A base scene and ``family_size - 1`` twins, all with distinct signatures not in ``taken``.
 
@@ -59,10 +60,19 @@ def sample_family(
     """
     if family_size < 1:
         raise ValueError("family_size must be >= 1")
+    lo, hi = objects
+    if not 1 <= lo <= hi <= 3:
+        raise ValueError(f"objects per scene must lie in 1..3, got {objects}")
+    if hi == 1 and family_size > 1:
+        raise ValueError("one-object scenes have no twins (nothing to swap): use family_size 1")
+    if hi == 1:
+        # Only 96 one-object meanings exist: such worlds (training curricula) repeat them at other
+        # places and backgrounds, so a caption there does not name exactly one image.
+        taken = set()
     taken = taken if taken is not None else set()
     for _ in range(_MAX_TRIES):
         background = sample_background(rng)
-        n_objects = 2 + int(rng.integers(2))
+        n_objects = lo + int(rng.integers(hi - lo + 1))  # (2, 3): the stream every world so far was drawn from
         base = sample_scene(rng, n_objects, background)
         members = [Member(base, ())]
         seen = {base.signature()}
@@ -70,6 +80,8 @@ def sample_family(
             continue
         kinds = [k for k in SWAP_KINDS if possible_swaps(base, k)]
         kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+        if not kinds and family_size > 1:
+            continue  # a one-object base has no twins
         ok = True
         for t in range(family_size - 1):
             for _attempt in range(_MAX_TRIES):

@@ -1,6 +1,7 @@
 """Scene model of the sample world: objects, their logical layout, and random sampling.
 
-A scene holds two or three objects, each with a shape, a colour and a size, placed on a
+A scene holds two or three objects (one in the curriculum's simplest worlds), each with a shape,
+a colour and a size, placed on a
 logical 3x3 grid of cells (col, row; row 0 is the top). Spatial relations are derived from
 the cells only, so they are exact; the continuous ``center`` adds jitter for realism but
 never changes a relation. Coordinates are fractions of the image side (x right, y down) and
@@ -47,9 +48,9 @@ BACKGROUND_TINT = 10
 
 # Distance between neighbouring cell centres, per number of objects. Three in a row must
 # fit two large objects side by side with a gap; two objects get more room.
-_SPREAD = {2: 0.25, 3: 0.32}
-_JITTER_ALONG = {2: 0.02, 3: 0.01}
-_JITTER_ACROSS = {2: 0.06, 3: 0.01}
+_SPREAD = {1: 0.0, 2: 0.25, 3: 0.32}
+_JITTER_ALONG = {1: 0.1, 2: 0.02, 3: 0.01}
+_JITTER_ACROSS = {1: 0.1, 2: 0.06, 3: 0.01}
 _MARGIN = 0.01
 
 
@@ -111,8 +112,10 @@ class Scene:
 
     @property
     def relations(self) -> tuple[Relation, ...]:
-        """Two objects: 0 rel 1. Three objects: 0 rel 1 and 2 rel 1 (object 1 is the anchor)."""
+        """One object: none. Two objects: 0 rel 1. Three objects: 0 rel 1 and 2 rel 1 (object 1 is the anchor)."""
         objs = self.objects
+        if len(objs) == 1:
+            return ()
         if len(objs) == 2:
             return (Relation(0, relation_between(objs[0].cell, objs[1].cell), 1),)
         return (
@@ -124,7 +127,7 @@ class Scene:
     def is_row(self) -> bool:
         """True when all objects lie on one line (two objects, or three in a row/column)."""
         rels = self.relations
-        return len(rels) == 1 or rels[0].predicate == INVERSE[rels[1].predicate]
+        return len(rels) <= 1 or rels[0].predicate == INVERSE[rels[1].predicate]
 
     def signature(self) -> tuple[tuple[str, str, str, int, int], ...]:
         """Order-free binding signature: two scenes with equal signatures mean the same thing."""
@@ -165,7 +168,9 @@ def sample_background(rng: np.random.Generator) -> tuple[int, int, int]:
 
 
 def _layout_cells(rng: np.random.Generator, n_objects: int) -> list[tuple[int, int]]:
-    """Logical cells: 2 objects on one axis; 3 objects around an anchor in the middle."""
+    """Logical cells: 1 object in the middle; 2 objects on one axis; 3 objects around an anchor in the middle."""
+    if n_objects == 1:
+        return [(1, 1)]
     if n_objects == 2:
         rel = RELATIONS[int(rng.integers(4))]
         dc, dr = _OFFSET[rel]
@@ -199,8 +204,8 @@ def _layout_centers(rng: np.random.Generator, cells: list[tuple[int, int]]) -> l
 
 def sample_scene(rng: np.random.Generator, n_objects: int, background: tuple[int, int, int]) -> Scene:
     """A random scene with distinct shapes and distinct colours (so bindings are unambiguous)."""
-    if n_objects not in (2, 3):
-        raise ValueError("scenes hold two or three objects")
+    if n_objects not in (1, 2, 3):
+        raise ValueError("scenes hold one, two or three objects")
     shapes = rng.permutation(len(SHAPES))[:n_objects]
     colour_names = list(COLOURS)
     colours = rng.permutation(len(colour_names))[:n_objects]

@@ -34,6 +34,10 @@ class WorldConfig:
     image_size: int = 128
     family_size: int = 4
     captions_per_image: int = 5
+    # Objects per scene (inclusive). (1, 1) makes the curriculum's first world: one object per
+    # image, no twins (family_size 1), captions that name its three attributes.
+    min_objects: int = 2
+    max_objects: int = 3
 
     def families(self, split: str) -> int:
         """Number of families in ``split`` (nearest whole number; at least one if asked for any)."""
@@ -155,7 +159,7 @@ def sample_records(config: WorldConfig) -> list[ImageRecord]:
     family_id = 0
     for split in SPLITS:
         for _ in range(config.families(split)):
-            members = sample_family(rng, config.family_size, taken)
+            members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects))
             # One caption seed per family: every member gets the same templates and synonym slots.
             caption_seed = int(rng.integers(2**63))
             for m in members:

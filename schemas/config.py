@@ -61,12 +61,18 @@ class JointEncoderConfig:
     max_text_tokens: int = 64  # caption wordpieces kept (the paper's text max length)
     num_image_tokens: int = 64
     text_embed_dim: int = 512  # width of the backbone's text embedding (recovery head target)
+    # Kernel width of a convolution that mixes each caption word's input embedding with its
+    # neighbours' (0 = off, BERT as published). Binding is written in word order ("red circle"); a
+    # small encoder from scratch did not learn to read it through attention alone (BENCHMARKS.md).
+    word_context: int = 0
 
     def __post_init__(self) -> None:
         if self.language_model is None and self.bert_config is None:
             raise ValueError("JointEncoderConfig needs language_model or bert_config")
         if self.tokenizer is None and self.language_model is None:
             raise ValueError("JointEncoderConfig needs a tokenizer path when there is no language_model")
+        if self.word_context < 0 or (self.word_context and self.word_context % 2 == 0):
+            raise ValueError(f"word_context must be 0 (off) or an odd kernel width, got {self.word_context}")
 
 
 @dataclass(frozen=True)

@@ -358,3 +358,24 @@ def test_cli_serve_prints_base_url(tmp_path: Path, world) -> None:
         finally:
             proc.terminate()
             assert proc.wait(timeout=10) == 0  # SIGTERM stops the server cleanly
+
+
+def test_one_object_curriculum_world(tmp_path: Path) -> None:
+    # The curriculum's first world: one object per image, anywhere in the frame, captions naming its
+    # three attributes; no twins exist, so families are single images.
+    m = generate(WorldConfig(seed=3, n_train=120, n_val=0, n_test=0, image_size=64, family_size=1,
+                             min_objects=1, max_objects=1, captions_per_image=4), tmp_path)
+    data = json.loads(m.world_json.read_text())
+    assert len(data["images"]) == 120
+    centres = []
+    for r in data["images"]:
+        assert len(r["objects"]) == 1 and r["relations"] == [] and r["role"] == "base"
+        o = r["objects"][0]
+        centres.append(o["center"])
+        assert all(mentions(c) == {(o["shape"], o["colour"], o["size"])} for c in r["captions"]), r["captions"]
+        assert len(set(r["captions"])) == 4  # four distinct templates
+    assert np.ptp(np.array(centres), axis=0).min() > 0.15  # the object moves about the frame
+    with pytest.raises(ValueError, match="no twins"):
+        generate(WorldConfig(seed=3, n_train=8, n_val=0, n_test=0, family_size=4, min_objects=1, max_objects=1), tmp_path / "x")
+    # The default stream is unchanged by the option: (2, 3) objects draw exactly as before.
+    assert WorldConfig().min_objects == 2 and WorldConfig().max_objects == 3

@@ -26,6 +26,7 @@ class ModelSpec:
     # of its weights: for CPU-only budgets where even a 384-wide encoder is too slow.
     bert_config: Optional[Tuple[Tuple[str, int], ...]] = None
     max_text_tokens: int = 64
+    word_context: int = 0  # JointEncoderConfig.word_context: neighbouring caption words folded into each word's input
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class TrainJobConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # cosine decay ends at this share of lr
     k: int = 4  # hard negatives per sample and direction
+    # MLM masking: "random" = BERT's (mlm_probability of caption wordpieces); "groups" = every word
+    # of one attribute group per caption (training/masking.py), so the image must supply the binding.
+    mlm_masking: Literal["random", "groups"] = "random"
+    mlm_groups: Optional[str] = None  # JSON {group: [words]}; None = the sample world's caption vocabulary
     mining: Literal["topk", "sample"] = "topk"
     mining_temperature: float = 0.05
     negatives: NegativeSource = "in-batch"
@@ -83,6 +88,8 @@ class TrainJobConfig:
             raise ValueError(f"batching must be 'planned' or 'stream', got {self.batching!r}")
         if self.batching == "stream" and self.curriculum.max_fraction > 0:
             raise ValueError("neighbour-cluster batches need batching='planned'")
+        if self.mlm_masking not in ("random", "groups"):
+            raise ValueError(f"mlm_masking must be 'random' or 'groups', got {self.mlm_masking!r}")
         if self.batch_size < 2:
             raise ValueError("batch_size must be at least 2 (negatives come from the batch)")
 

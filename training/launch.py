@@ -172,6 +172,11 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     p.add_argument("--objectives", nargs="+", default=list(objectives), choices=["itm", "mlm", "recovery", "distill"])
     p.add_argument("--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), default=[],
                    help="weight of one objective (default 1.0)")
+    p.add_argument("--mlm-masking", choices=["random", "groups"], default=d.mlm_masking,
+                   help="random: BERT's random wordpieces; groups: all words of one attribute group per caption "
+                   "(colour, shape, size or spatial words), so that only the image can supply the binding")
+    p.add_argument("--mlm-groups", help="JSON file {group: [words]} for --mlm-masking groups "
+                   "(default: the sample world's caption vocabulary)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
@@ -185,6 +190,9 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     m.add_argument("--language-model", help="local BERT folder (default: the packaged all-MiniLM-L6-v2)")
     m.add_argument("--encoder-layers", type=int, help="keep only the first N language-model layers")
     m.add_argument("--max-text-tokens", type=int, default=s.max_text_tokens)
+    m.add_argument("--word-context", type=int, default=s.word_context,
+                   help="odd kernel width of a convolution folding neighbouring caption words into each word's "
+                   "input embedding (0 = plain BERT)")
     m.add_argument("--random-bert", nargs="+", metavar="FIELD=INT",
                    help="random-init BERT of this shape (e.g. hidden_size=128 num_hidden_layers=4 "
                    "num_attention_heads=4 intermediate_size=512) with the language model's tokenizer")
@@ -199,7 +207,7 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
     """TrainJobConfig from parsed arguments."""
     spec = ModelSpec(adapter=a.adapter, num_queries=a.num_queries, adapter_hidden=a.adapter_hidden,
                      adapter_heads=a.adapter_heads, language_model=a.language_model,
-                     encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens,
+                     encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens, word_context=a.word_context,
                      bert_config=_bert_fields(a.random_bert))
     weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
     weights.update({k: float(v) for k, v in a.loss_weight})
@@ -210,6 +218,7 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
         cpus_per_worker=a.cpus_per_worker, batch_size=a.batch_size, epochs=a.epochs, max_steps=a.max_steps,
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, min_lr_ratio=a.min_lr_ratio, k=a.k,
         mining=a.mining, mining_temperature=a.mining_temperature, negatives=a.negatives, miner_url=a.miner_url,
+        mlm_masking=a.mlm_masking, mlm_groups=a.mlm_groups,
         batching=a.batching, shuffle_buffer=a.shuffle_buffer,
         curriculum=CurriculumConfig(a.cluster_fraction, a.cluster_start, a.cluster_end, a.cluster_size),
         checkpoint_every=a.checkpoint_every, log_every=a.log_every,

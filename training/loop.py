@@ -25,6 +25,7 @@ from schemas.token_table import TableMetadata, vector_matrix
 from training.batches import TrainBatch, decode_batch, gather_batch
 from training.config import TrainJobConfig
 from training.mining import MinerConfig
+from training.masking import PieceGroups, WordGroups
 from training.model_init import build_model
 from training.negatives import MinerNegatives, TokenLookup, in_batch_negatives
 from training.objectives import EDJEObjectives, teacher_scores
@@ -173,7 +174,11 @@ def train_loop_per_worker(config: dict) -> None:
     if "distill" in cfg.objectives:
         teacher = load_checkpoint(cfg.teacher_checkpoint).to(device).eval().requires_grad_(False)
     weights = {k: float(v) for k, v in cfg.loss_weights}
-    objectives = EDJEObjectives(model, cfg.objectives, weights)
+    groups = None
+    if cfg.mlm_masking == "groups":
+        groups = PieceGroups(WordGroups.load(cfg.mlm_groups) if cfg.mlm_groups else WordGroups.sample_world(),
+                             model.encoder.tokenizer)
+    objectives = EDJEObjectives(model, cfg.objectives, weights, groups)
     # Heads that an objective set leaves unused (MLM, recovery when fine-tuning) get no gradient.
     wrapped = ray.train.torch.prepare_model(objectives, parallel_strategy_kwargs={"find_unused_parameters": True})
     optimizer = build_optimizer(objectives, cfg)

@@ -13,6 +13,7 @@ from torch import nn
 
 from model.edje import EDJEModel
 from training.batches import TrainBatch
+from training.masking import PieceGroups
 from training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
 from training.negatives import Negatives
 
@@ -27,11 +28,14 @@ def pair_layout(batch: TrainBatch, neg: Negatives):
 class EDJEObjectives(nn.Module):
     """Wraps EDJEModel; forward(batch, negatives, teacher_logits) -> dict of losses and ITM accuracy."""
 
-    def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float]):
+    def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
+                 word_groups: Optional[PieceGroups] = None):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
         self.weights = weights
+        # Binding-targeted MLM (training/masking.py): mask one attribute group per caption.
+        self.word_groups = word_groups
 
     def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
         texts, b, k = pair_layout(batch, neg)
@@ -48,8 +52,12 @@ class EDJEObjectives(nn.Module):
             out["loss_itm"] = itm_loss(pos_l, negi_l, negt_l)
             total = total + self.weights.get("itm", 1.0) * out["loss_itm"]
         if "mlm" in self.objectives:
-            mlm_logits, labels = encoder.mlm_logits(batch.captions, pos)
+            policy = self.word_groups.mask_policy if self.word_groups is not None else None
+            mlm_logits, labels = encoder.mlm_logits(batch.captions, pos, mask_policy=policy)
             out["loss_mlm"] = mlm_loss(mlm_logits, labels)
+            if self.word_groups is not None:
+                # The binding read-out: masked group words predicted right (among their group, synonyms as one).
+                out["mlm_bind_acc"] = self.word_groups.readout_accuracy(mlm_logits.detach(), labels)
             total = total + self.weights.get("mlm", 1.0) * out["loss_mlm"]
         if "recovery" in self.objectives:
             out["loss_recovery"] = recovery_loss(encoder.text_embedding(batch.captions), batch.text_emb)

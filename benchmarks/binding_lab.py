@@ -1,0 +1,301 @@
+"""Binding lab (scratch harness, in-process): train a joint encoder on perfect scene tokens with
+family-twin negatives and read within-family accuracy on a validation world.
+
+Not a product path; the winning levers move into training/ as named options.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article
+from sampleworld.scene import Scene
+from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
+from sampleworld.world import WorldConfig, sample_records
+from schemas.token_table import TableMetadata
+from training.config import ModelSpec
+from training.losses import itm_loss
+from training.model_init import build_model
+
+
+def group_vocab(tokenizer):
+    """wordpiece id -> (group, canonical value)."""
+    out = {}
+    for group, table in (("colour", COLOUR_WORDS), ("shape", SHAPE_WORDS), ("size", SIZE_WORDS)):
+        for value, words in table.items():
+            for w in words:
+                for piece in tokenizer.tokenize(w):
+                    out.setdefault(tokenizer.convert_tokens_to_ids(piece), (group, value))
+    rel_words = {"left": "left", "right": "right", "above": "above", "over": "above", "below": "below",
+                 "beneath": "below", "under": "below", "top": "above", "bottom": "below"}
+    for w, v in rel_words.items():
+        out[tokenizer.convert_tokens_to_ids(w)] = ("relation", v)
+    return out
+
+
+class LateHead(nn.Module):
+    """Token-level late interaction: each caption token's best-matching image token, gated mean."""
+
+    def __init__(self, hidden: int, dim: int = 64):
+        super().__init__()
+        self.q, self.k, self.gate = nn.Linear(hidden, dim), nn.Linear(hidden, dim), nn.Linear(hidden, 1)
+        self.out = nn.Linear(1, 1)
+        self.dim = dim
+
+    def forward(self, hidden, text_mask, image_mask):
+        b = hidden.shape[0]
+        m = int(image_mask[0].sum())
+        img = hidden[image_mask].view(b, m, -1)
+        sim = torch.einsum("btd,bmd->btm", self.q(hidden), self.k(img)) / math.sqrt(self.dim)
+        best = sim.max(dim=-1).values  # [B, T]
+        g = torch.sigmoid(self.gate(hidden).squeeze(-1)) * text_mask
+        s = (g * best).sum(1) / g.sum(1).clamp_min(1e-6)
+        return self.out(s[:, None]).squeeze(-1)
+
+
+@dataclass
+class LabConfig:
+    train_seed: int = 100
+    n_train: int = 12000
+    n_val: int = 500
+    steps: int = 600
+    families: int = 8
+    lr: float = 1e-3
+    warmup: int = 50
+    adapter: str = "local"
+    num_queries: int = 16
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    dropout: float = 0.0
+    mlm: str = "groups"  # none | random | groups
+    mlm_weight: float = 1.0
+    head: str = "cls"  # cls | late | both
+    itm_weight: float = 1.0
+    single_steps: int = 0
+    text_conv: int = 0  # 1: neighbouring caption words mixed into each word's input embedding (kernel 3)
+    lm_layers: int = 0  # >0: the packaged MiniLM's first N layers (pretrained) instead of a random BERT
+    eval_every: int = 100
+    threads: int = 2
+    seed: int = 0
+    out: str = ""
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for f, v in asdict(LabConfig()).items():
+        p.add_argument("--" + f.replace("_", "-"), type=type(v), default=v)
+    cfg = LabConfig(**vars(p.parse_args()))
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    rng = np.random.default_rng(cfg.seed)
+    recs = sample_records(WorldConfig(seed=cfg.train_seed, n_train=cfg.n_train, n_val=cfg.n_val, n_test=0))
+    st = SceneTokenizer(SceneTokenConfig())
+    toks = torch.from_numpy(st.batch([r.scene for r in recs]))
+    fam = {}
+    for i, r in enumerate(recs):
+        fam.setdefault((r.split, r.family_id), []).append(i)
+    train_f = [v for (s, _), v in fam.items() if s == "train" and len(v) == 4]
+    val_f = [v for (s, _), v in fam.items() if s == "val" and len(v) == 4]
+    meta = TableMetadata(kind="raw", backbone=SCENE_TOKENS_BACKBONE, pretrained=st.cfg.pretrained_tag,
+                         feature_layer="final", num_tokens=64, width=128, quantization="fp16", embed_dim=16)
+    spec = ModelSpec(adapter=cfg.adapter, num_queries=cfg.num_queries, adapter_hidden=512, adapter_heads=4,
+                     encoder_layers=cfg.lm_layers or None,
+                     bert_config=None if cfg.lm_layers else (("hidden_size", cfg.hidden), ("num_hidden_layers", cfg.layers),
+                                  ("num_attention_heads", cfg.heads), ("intermediate_size", 4 * cfg.hidden),
+                                  ("hidden_dropout_prob", cfg.dropout), ("attention_probs_dropout_prob", cfg.dropout)))
+    model = build_model(spec, meta)
+    enc = model.encoder
+    late = LateHead(enc.hidden_size) if cfg.head in ("late", "both") else None
+    params = list(model.parameters()) + (list(late.parameters()) if late else [])
+    if cfg.text_conv:
+        conv = nn.Conv1d(enc.hidden_size, enc.hidden_size, 3, padding=1)
+        nn.init.zeros_(conv.weight)
+        nn.init.zeros_(conv.bias)
+        params += list(conv.parameters())
+        plain = enc.embed_pairs
+
+        def embed_pairs(batch, image_tokens):
+            emb = plain(batch, image_tokens)
+            words = emb * batch.text_mask[..., None]
+            mixed = conv(words.transpose(1, 2)).transpose(1, 2)
+            return emb + mixed * batch.text_mask[..., None]
+        enc.embed_pairs = embed_pairs
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.05)
+    gv = group_vocab(enc.tokenizer)
+    gid = torch.full((enc.tokenizer.vocab_size + 10,), -1, dtype=torch.long)
+    groups = ["colour", "shape", "size", "relation"]
+    for t, (g, _) in gv.items():
+        gid[t] = groups.index(g)
+    canon = {t: v for t, (g, v) in gv.items()}
+
+    def score(texts, img):
+        hidden, batch = enc.encode_pairs(texts, img)
+        if cfg.head == "cls":
+            return enc.itm_head(hidden).squeeze(-1)
+        li = late(hidden, batch.text_mask, batch.image_mask)
+        return li if cfg.head == "late" else li + enc.itm_head(hidden).squeeze(-1)
+
+    group_cands = [torch.tensor(sorted(t for t, (gg, _) in gv.items() if gg == grp)) for grp in groups]
+
+    def masked_forward(texts, img, pick):
+        """Mask all words of group pick[i] in caption i; (hidden at masked, labels, row of each, group of each)."""
+        batch = enc.tokenize_pairs(texts, img.shape[1])
+        ids = batch.input_ids
+        g = gid[ids.clamp_max(len(gid) - 1)]
+        masked = batch.text_mask & (g == pick[:, None])
+        inp = torch.where(masked, torch.full_like(ids, enc.tokenizer.mask_token_id), ids)
+        hidden, _ = enc.encode_pairs(texts, img, input_ids=inp)
+        rows = torch.arange(len(texts))[:, None].expand_as(ids)[masked]
+        return enc.bert.cls(hidden[masked]), ids[masked], rows
+
+    def mlm_score(texts, img):
+        """Sum over attribute groups of log p(true words | that group masked, image), group-restricted softmax."""
+        batch = enc.tokenize_pairs(texts, img.shape[1])
+        g = gid[batch.input_ids.clamp_max(len(gid) - 1)]
+        total = torch.zeros(len(texts))
+        for k in range(4):
+            has = (g == k).any(1)
+            if not has.any():
+                continue
+            pick = torch.where(has, torch.full((len(texts),), k), torch.full((len(texts),), -5))
+            logits, lab, rows = masked_forward(texts, img, pick)
+            cand = group_cands[k]
+            lp = torch.log_softmax(logits[:, cand], -1)
+            pos = (lab[:, None] == cand[None, :]).float().argmax(1)
+            total.index_add_(0, rows, lp[torch.arange(len(lab)), pos])
+        return total
+
+    def mlm(texts, img):
+        batch = enc.tokenize_pairs(texts, img.shape[1])
+        ids = batch.input_ids
+        g = gid[ids.clamp_max(len(gid) - 1)]
+        if cfg.mlm == "random":
+            masked = batch.text_mask & (torch.rand(ids.shape) < 0.5)
+        else:
+            # one attribute group per caption, all its words
+            present = torch.stack([(g == k).any(1) for k in range(4)], 1).float() + 1e-9
+            pick = torch.multinomial(present, 1).squeeze(1)
+            masked = batch.text_mask & (g == pick[:, None])
+        labels = torch.where(masked, ids, torch.full_like(ids, -100))
+        inp = torch.where(masked, torch.full_like(ids, enc.tokenizer.mask_token_id), ids)
+        hidden, _ = enc.encode_pairs(texts, img, input_ids=inp)
+        logits = enc.bert.cls(hidden[masked])
+        lab = labels[masked]
+        loss = F.cross_entropy(logits, lab) if len(lab) else logits.sum() * 0
+        # binding read-out: argmax within the group's own words, synonyms as one
+        with torch.no_grad():
+            acc = []
+            for row, l in zip(logits, lab.tolist()):
+                grp = gv.get(l, (None,))[0]
+                if grp is None:
+                    continue
+                cand = [t for t, (gg, _) in gv.items() if gg == grp]
+                best = cand[int(row[cand].argmax())]
+                acc.append(canon[best] == canon[l])
+        return loss, (float(np.mean(acc)) if acc else float("nan"))
+
+    @torch.no_grad()
+    def evaluate():
+        model.eval()
+        if late:
+            late.eval()
+        t2i = i2t = n = 0
+        for s in range(0, len(val_f), 32):
+            fs = val_f[s:s + 32]
+            idx = [i for f in fs for i in f]
+            img = model.adapter(toks[idx])  # [4F, m, h]
+            texts, imgs = [], []
+            for f_i, f in enumerate(fs):
+                for a in range(4):
+                    for b in range(4):  # caption of a vs image b
+                        texts.append(recs[f[a]].captions[0])
+                        imgs.append(img[4 * f_i + b])
+            sc = (score(texts, torch.stack(imgs)) if cfg.itm_weight > 0 else mlm_score(texts, torch.stack(imgs))).view(len(fs), 4, 4)
+            t2i += int((sc.argmax(2) == torch.arange(4)).sum())
+            i2t += int((sc.argmax(1) == torch.arange(4)).sum())
+            n += 4 * len(fs)
+        # binding read-out on val: each group masked whole, argmax within the group, synonyms as one
+        idx = [f[0] for f in val_f[:100]] + [f[1] for f in val_f[:100]]
+        texts = [recs[i].captions[0] for i in idx]
+        img = model.adapter(toks[idx])
+        bind = {}
+        for k, grp in enumerate(groups):
+            logits, lab, rows = masked_forward(texts, img, torch.full((len(texts),), k))
+            if len(lab):
+                cand = group_cands[k]
+                best = cand[logits[:, cand].argmax(1)]
+                bind[grp] = round(float(np.mean([canon[int(a)] == canon[int(b)] for a, b in zip(best, lab)])), 3)
+        model.train()
+        if late:
+            late.train()
+        return t2i / n, i2t / n, bind
+
+    def pick_word(words):
+        return words[int(rng.integers(len(words)))]
+
+    log = []
+    t0 = time.time()
+    sums = {}
+    for step in range(1, cfg.steps + 1):
+        lr = cfg.lr * min(1, step / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1, step / cfg.steps))))
+        for gp in opt.param_groups:
+            gp["lr"] = lr
+        fs = [train_f[i] for i in rng.choice(len(train_f), cfg.families, replace=False)]
+        idx = [i for f in fs for i in f]
+        ci = rng.integers(0, 5, len(fs))
+        caps = [recs[i].captions[ci[j // 4]] for j, i in enumerate(idx)]
+        if step <= cfg.single_steps:  # curriculum: one object per scene, "a large red circle"
+            objs = [recs[i].scene.objects[int(rng.integers(len(recs[i].scene.objects)))] for i in idx]
+            caps = [article(f"{pick_word(SIZE_WORDS[o.size])} {pick_word(COLOUR_WORDS[o.colour])} {pick_word(SHAPE_WORDS[o.shape])}") for o in objs]
+            raw = torch.from_numpy(st.batch([Scene((o,), recs[0].scene.background) for o in objs]))
+        else:
+            raw = toks[idx]
+        img = model.adapter(raw)
+        B = len(idx)
+        # twins: the 3 other members of the family, same caption index (same words, other binding)
+        others = torch.tensor([[4 * (j // 4) + o for o in range(4) if o != j % 4] for j in range(B)])
+        texts = caps + [caps[j] for j in range(B) for _ in range(3)] + [caps[o] for j in range(B) for o in others[j].tolist()]
+        imgs = torch.cat([img, img[others.reshape(-1)], img.repeat_interleave(3, 0)])
+        loss, out = 0.0, {}
+        if cfg.itm_weight > 0 and step > cfg.single_steps:
+            logits = score(texts, imgs)
+            pos, ni, nt = logits[:B], logits[B:B + 3 * B].view(B, 3), logits[B + 3 * B:].view(B, 3)
+            loss_itm = itm_loss(pos, ni, nt)
+            acc = float(torch.cat([pos > ni.max(1).values, pos > nt.max(1).values]).float().mean())
+            loss = cfg.itm_weight * loss_itm
+            out = {"itm": float(loss_itm), "acc": acc}
+        if cfg.mlm != "none":
+            lm, macc = mlm(caps, img)
+            loss = loss + cfg.mlm_weight * lm
+            out.update(mlm=float(lm), mlm_bind=macc)
+        if cfg.itm_weight > 0 and step <= cfg.single_steps and cfg.mlm == "none":
+            continue
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 5.0)
+        opt.step()
+        for k, v in out.items():
+            if not (isinstance(v, float) and math.isnan(v)):
+                sums.setdefault(k, []).append(v)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            t2i, i2t, bind = evaluate()
+            row = {"step": step, "min": round((time.time() - t0) / 60, 2), **{k: round(float(np.mean(v)), 3) for k, v in sums.items()},
+                   "val_t2i": round(t2i, 3), "val_i2t": round(i2t, 3), "val_bind": bind}
+            sums = {}
+            log.append(row)
+            print(json.dumps(row), flush=True)
+    if cfg.out:
+        json.dump({"config": asdict(cfg), "log": log}, open(cfg.out, "w"))
+
+
+if __name__ == "__main__":
+    main()
