@@ -63,7 +63,8 @@ class RankingConfig:
         """The rule in words (GET /v1/info, reports)."""
         score = "ITM logit" + (f" + {self.first_stage_weight:g} x first-stage cosine" if self.first_stage_weight else "")
         if self.calibrated:
-            return f"score = {score}; relevance = sigmoid({self.calibration_scale:.4g} x score + {self.calibration_bias:.4g})"
+            b = self.calibration_bias
+            return f"score = {score}; relevance = sigmoid({self.calibration_scale:.4g} x score {'-' if b < 0 else '+'} {abs(b):.4g})"
         return f"score = {score}; relevance = sigmoid(score) (not calibrated)"
 
     def with_calibration(self, scale: float, bias: float, where: str) -> "RankingConfig":

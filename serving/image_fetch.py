@@ -25,8 +25,12 @@ class ImageInputError(ValueError):
 
 
 def _check_host(url: str, allowed_hosts: Optional[Collection[str]]) -> None:
-    host = urllib.parse.urlsplit(url).hostname
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https") or not host:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, _ = parts.hostname, parts.port  # .port raises on a bad port
+    except ValueError as e:
+        raise ImageInputError(422, f"not a valid url: {url}: {e}") from None
+    if parts.scheme not in ("http", "https") or not host:
         raise ImageInputError(422, f"not an http(s) url: {url}")
     if allowed_hosts is not None and host not in allowed_hosts:
         raise ImageInputError(422, f"image urls on host {host!r} are not fetched by this server "

@@ -97,7 +97,7 @@ def test_calibration_round_trips_and_old_checkpoints_stay_uncalibrated(tiny_edje
     got = read_ranking(str(tmp_path / "ck"))
     assert got == rule and got.calibrated
     np.testing.assert_allclose(got.probability([12.0]), [0.5])  # sigmoid(0.25 x 12 - 3)
-    assert "sigmoid(0.25 x score + -3)" in got.describe() and "32 x first-stage cosine" in got.describe()
+    assert "sigmoid(0.25 x score - 3)" in got.describe() and "32 x first-stage cosine" in got.describe()
     with pytest.raises(ValueError):
         RankingConfig(calibration_scale=1.0)  # scale without bias
     with pytest.raises(ValueError):

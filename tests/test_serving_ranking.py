@@ -76,6 +76,6 @@ def test_served_scores_follow_the_checkpoints_fused_rule(ray_local, fused_corpus
                                    1 / (1 + np.exp(-(a * np.sort(expected)[::-1] + b))), atol=1e-4)
         info = requests.get(f"http://127.0.0.1:{port}/v1/info", timeout=60).json()["ranking"]
         assert info["first_stage_weight"] == WEIGHT and info["calibration_scale"] == a and info["calibrated_on"] == "test-val"
-        assert info["rule"] == "score = ITM logit + 40 x first-stage cosine; relevance = sigmoid(0.05 x score + -1)"
+        assert info["rule"] == "score = ITM logit + 40 x first-stage cosine; relevance = sigmoid(0.05 x score - 1)"
     finally:
         serve.shutdown()
