@@ -52,8 +52,8 @@ class Scores:
     missing: List[str]
     urls: Optional[List[Optional[str]]] = None
     replica: str = ""  # the replica that scored them
-    rejected: Optional[str] = None  # an inline document image that could not be decoded, and why
     batch_pairs: int = 0  # pairs in the (largest) forward pass that scored them; > 1 when requests were merged
+    rejected: Optional[str] = None  # an inline document image that could not be decoded, and why
 
 
 def resolve_device(num_gpus: float) -> torch.device:
