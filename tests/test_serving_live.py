@@ -179,8 +179,12 @@ def test_bad_images_are_4xx_naming_the_problem(served, images, corpus):
         assert r.status_code == status, (body if len(str(body)) < 300 else list(body), r.text[:300])
         payload = r.json()
         assert needle in str(payload.get("message") or payload["detail"]), (needle, r.text[:300])
+    # A short bare string is an id (404 when unknown); a data: url is image bytes whatever its length.
     r = http.post(url + "/v1/rerank", json={"query": "q", "documents": ["img_00000", {"image": junk64}]})
-    assert r.status_code == 422 and "documents.1" in r.json()["detail"], r.text
+    assert r.status_code == 404 and junk64 in r.json()["detail"], r.text
+    r = http.post(url + "/v1/rerank", json={"query": "q", "documents": ["img_00000",
+                                                                     {"image": "data:image/png;base64," + junk64}]})
+    assert r.status_code == 422 and "documents.1: not_an_image" in r.json()["detail"], r.text
     r = http.post(url + "/v1/rerank", json={"query": "q", "documents": [{"image": dead}]})
     assert r.status_code == 422 and "documents.0: could not fetch" in r.json()["detail"], r.text
     r = http.post(url + "/v1/rerank", json={"query": "q", "documents": [{"image": server.url("img0.png")}] * 5})
