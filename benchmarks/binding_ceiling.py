@@ -54,12 +54,16 @@ def main(argv=None) -> dict:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--cpus", type=float, default=2.0, help="CPUs of the one training worker")
+    p.add_argument("--tokens", choices=["scene", "backbone"], default="scene",
+                   help="scene: perfect tokens (the ceiling); backbone: the same recipe on the backbone's own tokens")
     p.add_argument("--recipe", nargs=argparse.REMAINDER, default=None,
                    help="replace the recipe's pretrain.py options (everything after this flag)")
     a = p.parse_args(argv)
     work = Path(a.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     world, single, tables = work / "world", work / "world1", work / "tables"
+    source = ["--scene-tokens", world] if a.tokens == "scene" else []
+    source1 = ["--scene-tokens", single] if a.tokens == "scene" else []
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -71,13 +75,13 @@ def main(argv=None) -> dict:
                                "--n-val", 0, "--n-test", 0, "--family-size", 1, "--min-objects", 1, "--max-objects", 1,
                                "--out", single], single / "world.json", log)
         stage(work, "world1_tables", [PY, "-m", "evaluation.tables", "--annotations", single / "flickr30k_train.json",
-                                      "--rows", "caption", "--pretrained", a.pretrained, "--scene-tokens", single,
+                                      "--rows", "caption", "--pretrained", a.pretrained, *source1,
                                       "--output", tables / "train1" / "train.parquet"], tables / "train1" / "train.parquet", log)
     stage(work, "train_tables", [PY, "-m", "evaluation.tables", "--annotations", world / "flickr30k_train.json",
-                                 "--rows", "caption", "--pretrained", a.pretrained, "--scene-tokens", world,
+                                 "--rows", "caption", "--pretrained", a.pretrained, *source,
                                  "--output", tables / "train" / "train.parquet"], tables / "train" / "train.parquet", log)
     stage(work, "val_tables", [PY, "-m", "evaluation.tables", "--annotations", world / "flickr30k_val.json",
-                               "--pretrained", a.pretrained, "--scene-tokens", world, "--output", tables / "val.parquet"],
+                               "--pretrained", a.pretrained, *source, "--output", tables / "val.parquet"],
           tables / "val.parquet", log)
     common = ["--storage-path", work / "train", "--num-workers", 1, "--cpus-per-worker", a.cpus, "--epochs", 1000,
               "--lr", a.lr, "--warmup-steps", a.warmup_steps, "--log-every", 20]

@@ -81,6 +81,7 @@ class LabConfig:
     head: str = "cls"  # cls | late | both
     itm_weight: float = 1.0
     single_steps: int = 0
+    adapter_position: str = "none"
     text_conv: int = 0  # 1: neighbouring caption words mixed into each word's input embedding (kernel 3)
     lm_layers: int = 0  # >0: the packaged MiniLM's first N layers (pretrained) instead of a random BERT
     eval_every: int = 100
@@ -108,6 +109,7 @@ def main():
     meta = TableMetadata(kind="raw", backbone=SCENE_TOKENS_BACKBONE, pretrained=st.cfg.pretrained_tag,
                          feature_layer="final", num_tokens=64, width=128, quantization="fp16", embed_dim=16)
     spec = ModelSpec(adapter=cfg.adapter, num_queries=cfg.num_queries, adapter_hidden=512, adapter_heads=4,
+                     adapter_position=cfg.adapter_position,
                      encoder_layers=cfg.lm_layers or None,
                      bert_config=None if cfg.lm_layers else (("hidden_size", cfg.hidden), ("num_hidden_layers", cfg.layers),
                                   ("num_attention_heads", cfg.heads), ("intermediate_size", 4 * cfg.hidden),

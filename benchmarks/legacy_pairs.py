@@ -38,11 +38,18 @@ def legacy_tokenize_pairs(enc: JointEncoder, texts: Sequence[str], num_image_tok
     return PairBatch(input_ids, attention, types, image_mask, text_mask)
 
 
+def legacy_embed_pairs(enc: JointEncoder, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
+    """The old `embed_pairs`: word embeddings, image positions replaced by masked_scatter."""
+    emb = enc.bert.get_input_embeddings()(batch.input_ids)
+    mask = batch.image_mask.unsqueeze(-1).expand_as(emb)
+    return emb.masked_scatter(mask, image_tokens.to(emb.dtype))
+
+
 def legacy_score(enc: JointEncoder, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
     """ITM logits through the old layout (the old `score`: check, layout, BERT, ITM head)."""
     enc.check_image_tokens(texts, image_tokens)
     batch = _to(legacy_tokenize_pairs(enc, texts, image_tokens.shape[1]), image_tokens.device)
-    out = enc.bert.bert(inputs_embeds=enc.embed_pairs(batch, image_tokens), attention_mask=batch.attention_mask,
+    out = enc.bert.bert(inputs_embeds=legacy_embed_pairs(enc, batch, image_tokens), attention_mask=batch.attention_mask,
                         token_type_ids=batch.token_type_ids)
     return enc.itm_head(out.last_hidden_state).squeeze(-1)
 
@@ -64,7 +71,7 @@ def legacy_mlm_logits(enc: JointEncoder, texts: Sequence[str], image_tokens: tor
     input_ids = torch.where(masked, torch.full_like(batch.input_ids, enc.tokenizer.mask_token_id), batch.input_ids)
     again = _to(legacy_tokenize_pairs(enc, texts, image_tokens.shape[1]), image_tokens.device)
     again.input_ids = input_ids
-    hidden = enc.bert.bert(inputs_embeds=enc.embed_pairs(again, image_tokens), attention_mask=again.attention_mask,
+    hidden = enc.bert.bert(inputs_embeds=legacy_embed_pairs(enc, again, image_tokens), attention_mask=again.attention_mask,
                            token_type_ids=again.token_type_ids).last_hidden_state
     sel = batch.text_mask
     return enc.bert.cls(hidden[sel]), labels[sel]

@@ -7,6 +7,41 @@ from torch import nn
 from schemas.config import AdapterConfig
 
 
+def grid_position(num_tokens: int, width: int) -> torch.Tensor:
+    """[num_tokens, width] fixed 2-D sine-cosine embedding of row-major cells of a square grid: half the
+    channels encode the column, half the row, each at geometric frequencies (MAE's 2-D sin-cos)."""
+    side = int(round(num_tokens ** 0.5))
+    if side * side != num_tokens or width % 4:
+        raise ValueError(f"2-D positions need a square token grid and a width divisible by 4, got {num_tokens} x {width}")
+    quarter = width // 4
+    freq = 1.0 / (100.0 ** (torch.arange(quarter, dtype=torch.float32) / quarter))
+    coord = torch.arange(side, dtype=torch.float32)
+    row, col = torch.meshgrid(coord, coord, indexing="ij")
+
+    def embed(x: torch.Tensor) -> torch.Tensor:
+        angles = x.reshape(-1, 1) * freq
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+    return torch.cat([embed(col), embed(row)], dim=1) / (width / 2) ** 0.5  # unit norm per cell
+
+
+class GridPosition(nn.Module):
+    """Adds gain x `grid_position` to backbone tokens; the gain is learned because token norms differ
+    by backbone (unit-norm scene tokens, ViT outputs of norm ~sqrt(width)). The table is rebuilt for
+    the token count seen, not stored."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+        self.gain = nn.Parameter(torch.tensor(1.0))
+        self.table: torch.Tensor | None = None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        if self.table is None or self.table.shape[0] != n or self.table.device != tokens.device:
+            self.table = grid_position(n, self.width).to(tokens.device)
+        return tokens + (self.gain * self.table).to(tokens.dtype)
+
+
 class LocalAdapter(nn.Module):
     """EDJE local: a per-token MLP Linear(d_v, hidden) -> GELU -> Linear(hidden, d_lm); keeps all n tokens."""
 
@@ -14,9 +49,11 @@ class LocalAdapter(nn.Module):
         super().__init__()
         self.config = cfg
         self.mlp = nn.Sequential(nn.Linear(cfg.input_dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.output_dim))
+        self.position = GridPosition(cfg.input_dim) if cfg.position == "2d" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.mlp(check_tokens(tokens, self.config.input_dim))
+        x = check_tokens(tokens, self.config.input_dim)
+        return self.mlp(self.position(x) if self.position is not None else x)
 
 
 class CompressionAdapter(nn.Module):
@@ -34,9 +71,12 @@ class CompressionAdapter(nn.Module):
         self.layernorm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.mlp = nn.Sequential(nn.Linear(d, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, d))
         self.projection = nn.Linear(d, cfg.output_dim)
+        self.position = GridPosition(d) if cfg.position == "2d" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = check_tokens(tokens, self.config.input_dim)
+        if self.position is not None:
+            x = self.position(x)
         query = self.query.expand(x.shape[0], -1, -1)
         h = self.attention(query, self.key(x), self.value(x), need_weights=False)[0]
         o = h + self.mlp(self.layernorm(h))

@@ -88,8 +88,7 @@ class JointEncoder(nn.Module):
     def embed_pairs(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
         """Word embeddings with the image positions replaced by `image_tokens`."""
         emb = self.bert.get_input_embeddings()(batch.input_ids)
-        mask = batch.image_mask.unsqueeze(-1).expand_as(emb)
-        emb = emb.masked_scatter(mask, image_tokens.to(emb.dtype))
+        emb = place_image_tokens(emb, batch.image_mask, image_tokens.to(emb.dtype))
         return self.word_context(emb, batch.text_mask) if self.word_context is not None else emb
 
     def check_image_tokens(self, texts: Sequence[str], image_tokens: torch.Tensor) -> None:
@@ -199,6 +198,24 @@ def extend_position_embeddings(bert: BertForMaskedLM, target: int) -> None:
     if hasattr(emb, "token_type_ids"):
         emb.register_buffer("token_type_ids", torch.zeros(1, target, dtype=torch.long), persistent=False)
     bert.config.max_position_embeddings = target
+
+
+def place_image_tokens(emb: torch.Tensor, image_mask: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
+    """`emb` [B, T, h] with each row's image positions (one run of m, as the pair layout makes them) set to
+    `image_tokens` [B, m, h]; writes into `emb`."""
+    if emb.device.type != "cpu":  # on an accelerator masked_scatter is fast and needs no host sync
+        return emb.masked_scatter(image_mask.unsqueeze(-1).expand_as(emb), image_tokens)
+    # On a CPU masked_scatter costs more than the rest of the layout together; rows whose image run
+    # starts at the same position (all of them, when one query is repeated) take one slice copy.
+    m = image_tokens.shape[1]
+    start = image_mask.to(torch.uint8).argmax(dim=1)
+    if bool((start == start[0]).all()):
+        emb[:, int(start[0]):int(start[0]) + m] = image_tokens
+        return emb
+    for s in torch.unique(start).tolist():  # at most max_text_tokens + 1 distinct starts
+        rows = (start == s).nonzero().squeeze(1)
+        emb[rows, s:s + m] = image_tokens[rows]
+    return emb
 
 
 def _gather(rows: Sequence[torch.Tensor], inverse: torch.Tensor, device: torch.device) -> List[torch.Tensor]:

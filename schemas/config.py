@@ -39,10 +39,15 @@ class AdapterConfig:
     num_queries: int = 64  # m, only for kind == "compressed"
     num_heads: int = 8  # attention heads of the compression adapter
     layer_norm_eps: float = 1e-6
+    # "2d": a fixed sine-cosine embedding of each token's (row, column) on the backbone's square grid
+    # is added to the tokens first, so "left of" is a comparison the encoder can read linearly.
+    position: Literal["none", "2d"] = "none"
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "compressed"):
             raise ValueError(f"adapter kind must be 'local' or 'compressed', got {self.kind!r}")
+        if self.position not in ("none", "2d"):
+            raise ValueError(f"adapter position must be 'none' or '2d', got {self.position!r}")
         if self.kind == "compressed" and self.input_dim % self.num_heads:
             raise ValueError(f"input_dim {self.input_dim} is not divisible by num_heads {self.num_heads}")
 

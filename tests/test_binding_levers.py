@@ -111,3 +111,30 @@ def test_word_context_starts_as_plain_bert_mixes_only_caption_words_and_is_kept_
     back = load_checkpoint(str(tmp_path / "ck")).eval()
     assert back.config.encoder.word_context == 3
     torch.testing.assert_close(back.encoder.word_context.conv.weight, model.encoder.word_context.conv.weight)
+
+
+def test_adapter_grid_position_tells_cells_apart_and_travels_with_the_checkpoint(tiny_edje_config, tmp_path):
+    from dataclasses import replace
+    from model.adapters import grid_position
+    table = grid_position(64, 128)
+    torch.testing.assert_close(table.norm(dim=1), torch.ones(64))
+    assert torch.cdist(table, table).add(torch.eye(64) * 9).min() > 0.05  # every cell its own code
+    # mirrored cells (column c vs 7 - c, same row) share the row half and differ in the column half
+    assert torch.equal(table[8 * 2 + 1, 64:], table[8 * 2 + 6, 64:]) and not torch.equal(table[17, :64], table[22, :64])
+    with pytest.raises(ValueError, match="square token grid"):
+        grid_position(65, 128)
+    cfg = replace(tiny_edje_config, adapter=replace(tiny_edje_config.adapter, position="2d"))
+    model = EDJEModel(cfg, load_language_model=False).eval()
+    plain = EDJEModel(tiny_edje_config, load_language_model=False).eval()
+    plain.load_state_dict(model.state_dict(), strict=False)
+    tokens = torch.randn(2, 64, 128)
+    with torch.no_grad():
+        assert not torch.allclose(model.adapter(tokens), plain.adapter(tokens))
+        model.adapter.position.gain.fill_(0.0)  # no gain: the plain adapter
+        torch.testing.assert_close(model.adapter(tokens), plain.adapter(tokens))
+        model.adapter.position.gain.fill_(0.7)
+    save_checkpoint(model, str(tmp_path / "ck"))
+    back = load_checkpoint(str(tmp_path / "ck")).eval()
+    assert back.config.adapter.position == "2d"
+    with torch.no_grad():
+        torch.testing.assert_close(back.adapter(tokens), model.adapter(tokens))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from legacy_pairs import (legacy_mlm_logits, legacy_score, legacy_text_embedding, legacy_text_inputs,  # noqa: E402
-                          legacy_tokenize_pairs)
+from legacy_pairs import (legacy_embed_pairs, legacy_mlm_logits, legacy_score,  # noqa: E402
+                          legacy_text_embedding, legacy_text_inputs, legacy_tokenize_pairs)
 from model import wordpieces  # noqa: E402
 from model.joint_encoder import JointEncoder, PairBatch  # noqa: E402
 from schemas.config import JointEncoderConfig  # noqa: E402
@@ -59,6 +59,10 @@ def test_scores_mlm_and_text_embedding_equal_the_old_path(encoder):
     texts = mixed_texts(encoder.tokenizer, 20, 7)
     tokens = torch.randn(len(texts), 16, encoder.hidden_size)
     assert torch.equal(encoder.score(texts, tokens), legacy_score(encoder, texts, tokens))
+    one_query = ["a small red circle"] * len(texts)  # every image run starts at the same position
+    assert torch.equal(encoder.score(one_query, tokens), legacy_score(encoder, one_query, tokens))
+    batch = encoder.tokenize_pairs(texts, 16)
+    assert torch.equal(encoder.embed_pairs(batch, tokens), legacy_embed_pairs(encoder, batch, tokens))
     new = encoder.mlm_logits(texts, tokens, generator=torch.Generator().manual_seed(3))
     old = legacy_mlm_logits(encoder, texts, tokens, generator=torch.Generator().manual_seed(3))
     assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])
@@ -68,6 +72,19 @@ def test_scores_mlm_and_text_embedding_equal_the_old_path(encoder):
                                           encoder.tokenizer.pad_token_id)
     old_ids, old_attention = legacy_text_inputs(encoder, ["x y"])
     assert torch.equal(ids, old_ids) and torch.equal(attention, old_attention)
+
+
+def test_image_token_gradients_equal_the_old_path(encoder):
+    texts = mixed_texts(encoder.tokenizer, 10, 9)
+    batch = encoder.tokenize_pairs(texts, 16)
+    weights = torch.randn(len(texts), batch.input_ids.shape[1], encoder.hidden_size)
+    grads = []
+    for embed in (encoder.embed_pairs, lambda b, x: legacy_embed_pairs(encoder, b, x)):
+        tokens = torch.randn(len(texts), 16, encoder.hidden_size, generator=torch.Generator().manual_seed(1),
+                             requires_grad=True)
+        (embed(batch, tokens) * weights).sum().backward()
+        grads.append(tokens.grad)
+    assert torch.equal(grads[0], grads[1])
 
 
 class CountingTokenizer:

@@ -20,6 +20,7 @@ class ModelSpec:
     num_queries: int = 64
     adapter_hidden: int = 8192
     adapter_heads: int = 8
+    adapter_position: Literal["none", "2d"] = "none"  # AdapterConfig.position
     language_model: Optional[str] = None  # BERT dir (weights + tokenizer); None = the packaged all-MiniLM-L6-v2
     encoder_layers: Optional[int] = None  # keep only the first N layers of the language model (CPU budgets)
     # Random-init BERT of this shape (BertConfig fields) with the language model's tokenizer, instead

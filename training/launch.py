@@ -187,6 +187,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     m.add_argument("--num-queries", type=int, default=s.num_queries)
     m.add_argument("--adapter-hidden", type=int, default=s.adapter_hidden)
     m.add_argument("--adapter-heads", type=int, default=s.adapter_heads)
+    m.add_argument("--adapter-position", choices=["none", "2d"], default=s.adapter_position,
+                   help="2d: add a fixed sine-cosine (row, column) embedding to the backbone's square token grid")
     m.add_argument("--language-model", help="local BERT folder (default: the packaged all-MiniLM-L6-v2)")
     m.add_argument("--encoder-layers", type=int, help="keep only the first N language-model layers")
     m.add_argument("--max-text-tokens", type=int, default=s.max_text_tokens)
@@ -206,7 +208,7 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
 def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
     """TrainJobConfig from parsed arguments."""
     spec = ModelSpec(adapter=a.adapter, num_queries=a.num_queries, adapter_hidden=a.adapter_hidden,
-                     adapter_heads=a.adapter_heads, language_model=a.language_model,
+                     adapter_heads=a.adapter_heads, adapter_position=a.adapter_position, language_model=a.language_model,
                      encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens, word_context=a.word_context,
                      bert_config=_bert_fields(a.random_bert))
     weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
