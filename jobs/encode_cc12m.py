@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPUs per encoder actor (default %(default)s)")
     r.add_argument("--torch-threads", type=int, default=d.torch_threads,
                    help="torch threads per encoder actor (default: its CPU count)")
+    r.add_argument("--compute-dtype", default=d.compute_dtype, choices=["fp32", "bf16"],
+                   help="arithmetic of backbone + adapter on every device (default %(default)s: GPU-written tables "
+                   "equal CPU-written ones within the codec's bound; bf16 is faster on a GPU and recorded in the "
+                   "table metadata)")
     r.add_argument("--shard-size", type=int, default=d.shard_size,
                    help="url-list rows per shard = per output table, the unit of resuming (default %(default)s)")
     r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else start a local Ray)")

@@ -151,10 +151,15 @@ class VisionBackbone(nn.Module):
         self._tokenizer = None
         blocks = self.visual.trunk.blocks if self.is_timm else self.visual.transformer.resblocks
         self.num_blocks = len(blocks)
-        self.register_buffer("_mean", torch.tensor(self.preprocess.mean).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("_std", torch.tensor(self.preprocess.std).view(1, 3, 1, 1), persistent=False)
+        # Buffers and the probe live where the weights already are: open_clip.create_model(device=...)
+        # has moved them, and a CPU probe against CUDA weights crashed every GPU encode worker.
+        device = next(clip.parameters()).device
+        self.register_buffer("_mean", torch.tensor(self.preprocess.mean, device=device).view(1, 3, 1, 1),
+                             persistent=False)
+        self.register_buffer("_std", torch.tensor(self.preprocess.std, device=device).view(1, 3, 1, 1),
+                             persistent=False)
         with torch.no_grad():
-            probe = self.encode(torch.zeros(1, 3, self.preprocess.size, self.preprocess.size))
+            probe = self.encode(torch.zeros(1, 3, self.preprocess.size, self.preprocess.size, device=device))
         self.num_tokens, self.width = probe[0].shape[1:]
         self.embed_dim = probe[1].shape[1]
         self.eval()

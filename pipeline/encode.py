@@ -27,6 +27,9 @@ from schemas.token_table import TableMetadata
 OK = "ok"
 
 
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class EncoderSpec:
     """What the encoder actors build: backbone, optional adapter checkpoint, codec."""
@@ -36,6 +39,13 @@ class EncoderSpec:
     quant: str
     group_size: Optional[int]
     torch_threads: int = 0
+    # The arithmetic, the same on every device (ARCHITECTURE.md, "Precision"): "fp32" makes a
+    # GPU-written table equal a CPU-written one within the codec's bound; "bf16" trades that for speed.
+    compute_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ def describe_model(spec: EncoderSpec) -> ModelInfo:
         kind="compressed" if spec.adapter else "raw", backbone=spec.backbone.name,
         pretrained=spec.backbone.pretrained, feature_layer=spec.backbone.feature_layer,
         num_tokens=int(n), width=int(d), quantization=spec.quant, embed_dim=int(backbone.embed_dim),
-        group_size=spec.group_size, adapter_hash=adapter_hash,
+        group_size=spec.group_size, adapter_hash=adapter_hash, compute_dtype=spec.compute_dtype,
     )
     meta.codec  # noqa: B018 - raises CodecError now if the quantization does not fit the width
     return ModelInfo(backbone.preprocess.size, backbone.preprocess.resize_mode, meta)
@@ -128,6 +138,12 @@ class EncodeBatch:
         threads = spec.torch_threads or _assigned_cpus()
         torch.set_num_threads(max(1, threads))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and spec.compute_dtype == "fp32":
+            # cuDNN convolutions default to TF32 (10-bit mantissa): the patch stem would round like fp16.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        self.autocast = spec.compute_dtype != "fp32"
+        self.compute_dtype = COMPUTE_DTYPES[spec.compute_dtype]
         self.backbone = VisionBackbone.create(spec.backbone, device=self.device)
         self.adapter = _load_adapter(spec.adapter)[0].to(self.device) if spec.adapter else None
         n, d = self.backbone.token_shape
@@ -149,7 +165,7 @@ class EncodeBatch:
         txt_emb = [None] * b
         if len(ok):
             images = torch.from_numpy(np.ascontiguousarray(batch["image"][ok])).to(self.device, non_blocking=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.autocast):
                 tokens, emb = self.backbone.encode(images)
                 if self.adapter is not None:
                     tokens = self.adapter(tokens)

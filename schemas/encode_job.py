@@ -29,6 +29,7 @@ class EncodeJobConfig:
     gpus_per_worker: Optional[float] = None  # None: 1 when the cluster has GPUs, else 0
     cpus_per_worker: float = 1.0
     torch_threads: int = 0  # 0: the encoder actor's CPU count
+    compute_dtype: str = "fp32"  # "fp32" (tables equal on every device) or "bf16" (faster on a GPU)
     shard_size: int = 1000  # url-list rows per input shard (= per output table)
     shards_per_file: int = 64  # input shards per `_input/` Parquet file (one row group each)
     scratch: Optional[str] = None  # local folder for planning's spill files (default: system temp)

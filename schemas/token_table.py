@@ -55,6 +55,9 @@ class TableMetadata:
     # tokens, a diagnostic), the open_clip model whose pooled image / text embeddings the table holds.
     embedding_backbone: Optional[str] = None
     embedding_pretrained: Optional[str] = None
+    # The arithmetic that made the tokens ("fp32" or "bf16", whatever the device): `quantization` is
+    # how they are stored, this is how they were computed (ARCHITECTURE.md, "Precision").
+    compute_dtype: str = "fp32"
 
     def first_stage_backbone(self, pretrained_override: Optional[str] = None) -> BackboneConfig:
         """The backbone that embeds queries against this table's image embeddings (the first stage)."""

@@ -62,7 +62,7 @@ def resolve_device(num_gpus: float) -> torch.device:
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """'auto' = fp32 on CPU and bf16 on GPU (the paper's inference precision)."""
+    """'auto' = fp32 on CPU and bf16 on GPU (the paper's inference precision; tolerance in ARCHITECTURE.md)."""
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision

@@ -71,3 +71,11 @@ def test_bad_images_get_clear_errors():
         BackboneConfig("edje-tiny-clip", feature_layer="middle")
     with pytest.raises(TypeError, match="list of strings"):
         bb.encode_text("not a list")
+
+
+def test_backbone_is_built_and_probed_on_the_weights_device():
+    """The meta device stands in for a GPU: weights, buffers and the probe must all be on it (the probe
+    once ran on the CPU against weights open_clip had already moved, and crashed every GPU encode worker)."""
+    bb = VisionBackbone.create(BackboneConfig("edje-tiny-clip"), device="meta")
+    assert {t.device.type for t in [*bb.parameters(), *bb.buffers()]} == {"meta"}
+    assert bb.token_shape[0] > 0 and bb.embed_dim > 0

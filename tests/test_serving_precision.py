@@ -1,0 +1,81 @@
+"""Served scores against evaluated ones, per precision (ARCHITECTURE.md, "Precision").
+
+Evaluation scores in fp32. A replica in fp32 (the default on a CPU, `--precision fp32` on a GPU)
+must give the same logits within 1e-4; a replica in bf16 (the default on a GPU) runs the whole
+joint encoder in bf16 weights and activations, and stays within the stated bf16 tolerance,
+which is checked here on the CPU's bf16 kernels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT = str(REPO / "checkpoints" / "edje-c16")
+# The stated bf16 tolerance on ITM logits (the shipped checkpoint's logits span about +-15):
+# bf16 keeps 8 mantissa bits, so each of the joint encoder's layers rounds by about 2^-9 relative.
+BF16_LOGIT_TOLERANCE = 0.25  # measured on CPU bf16: max 0.05, mean 0.009 (logits span 13.5)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Captions x compressed int8 tokens of an unseen sample world, and the table's metadata."""
+    from evaluation.annotations import load_annotations
+    from evaluation.tables import encode_annotations
+    from model.backbone import VisionBackbone
+    from model.edje import load_checkpoint, read_checkpoint_config
+    from sampleworld.world import WorldConfig, generate
+    from schemas.config import BackboneConfig
+    from schemas.token_table import TableMetadata, decode_tokens, read_token_table
+
+    root = tmp_path_factory.mktemp("precision")
+    generate(WorldConfig(seed=29, n_train=0, n_val=0, n_test=24), root / "world")
+    bcfg = read_checkpoint_config(CHECKPOINT)["config"]["backbone"]
+    backbone = VisionBackbone.create(BackboneConfig(bcfg["name"], str(REPO / bcfg["pretrained"]), bcfg["feature_layer"]))
+    ann_path = root / "world" / "flickr30k_test.json"
+    encode_annotations(str(ann_path), backbone, str(root / "raw.parquet"))
+    table, meta = read_token_table(str(root / "raw.parquet"))
+    model = load_checkpoint(CHECKPOINT).eval()
+    with torch.no_grad():
+        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta)))
+    cmeta = TableMetadata(kind="compressed", backbone=meta.backbone, pretrained=meta.pretrained,
+                          feature_layer=meta.feature_layer, num_tokens=tokens.shape[1], width=tokens.shape[2],
+                          quantization="int8", embed_dim=meta.embed_dim, adapter_hash=model.adapter_hash())
+    blob, scales = cmeta.codec.encode(tokens.numpy())
+    ann = load_annotations(ann_path)
+    captions = [ann.captions_of(i)[0] for i in range(ann.num_images)]
+    # every caption against every image: true pairs, twins and unrelated ones
+    texts = [c for c in captions for _ in range(len(tokens))]
+    rows = np.tile(np.arange(len(tokens)), len(captions))
+    return cmeta, texts, blob[rows], scales[rows], len(tokens)
+
+
+def _served(meta, texts, blob, scales, precision: str) -> np.ndarray:
+    from serving.reranker import PairChunk, PairScorer
+
+    scorer = PairScorer(CHECKPOINT, meta, torch.device("cpu"), precision)
+    return np.concatenate(scorer.score_chunks([PairChunk(texts, blob, scales)]))
+
+
+def test_served_scores_match_evaluation_per_precision(pairs):
+    from model.edje import load_checkpoint
+    from serving.token_store import decode_blobs
+
+    meta, texts, blob, scales, n = pairs
+    model = load_checkpoint(CHECKPOINT).eval()
+    with torch.inference_mode():  # evaluation's scoring: fp32 model over the decoded table tokens
+        evaluated = model.encoder.score(texts, decode_blobs(meta, blob, scales, torch.device("cpu"))).numpy()
+    fp32 = _served(meta, texts, blob, scales, "fp32")
+    assert np.abs(fp32 - evaluated).max() <= 1e-4
+    bf16 = _served(meta, texts, blob, scales, "bf16")
+    err = np.abs(bf16 - evaluated)
+    print(f"bf16 max |dlogit| {err.max():.4f}, mean {err.mean():.4f}, logits span {np.ptp(evaluated):.1f}")
+    assert 0 < err.max() <= BF16_LOGIT_TOLERANCE, f"bf16 max |dlogit| {err.max():.3f}, logits span {np.ptp(evaluated):.1f}"
+    # the order a query sees: the top document of each query is kept, or a near-tie
+    per_query_eval, per_query_bf16 = evaluated.reshape(-1, n), bf16.reshape(-1, n)
+    top = per_query_bf16.argmax(1)
+    gap = per_query_eval.max(1) - per_query_eval[np.arange(len(top)), top]
+    assert (gap <= 2 * BF16_LOGIT_TOLERANCE).all()
