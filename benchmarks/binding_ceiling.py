@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
     model = work / "model"
     stage(work, "pretrain", [PY, "jobs/pretrain.py", "--tables", tables / "train", "--name", "ceiling",
                              "--batch-size", a.batch_size, "--max-steps", a.steps,
-                             "--checkpoint-every", max(50, a.steps // 4), "--export", model, *common, *start,
+                             "--checkpoint-every", max(50, min(100, a.steps // 4)), "--export", model, *common, *start,
                              *(a.recipe if a.recipe is not None else RECIPE + ([] if start else MODEL))],
           model / "config.json", log)
     out = work / "eval"

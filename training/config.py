@@ -73,6 +73,9 @@ class TrainJobConfig:
     checkpoint_every: int = 200  # steps; a checkpoint is also written at each epoch's end
     log_every: int = 10
     keep_checkpoints: int = 2
+    # Worker-group failures survived by restarting from the newest checkpoint (a week-long job loses
+    # at most checkpoint_every steps to a dead node or a worker killed under load); -1: unlimited.
+    max_failures: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -67,7 +67,8 @@ def run(cfg: TrainJobConfig):
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,
-                                       checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints)),
+                                       checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+                                       failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures)),
         datasets={"train": read_dataset(paths)},
     )
     return trainer.fit()
@@ -180,6 +181,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    p.add_argument("--max-failures", type=int, default=d.max_failures,
+                   help="worker-group failures to survive by restarting from the newest checkpoint (-1: any; default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed)
     m = p.add_argument_group("model (ignored with --init)")
     s = ModelSpec()
@@ -224,7 +227,7 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
         batching=a.batching, shuffle_buffer=a.shuffle_buffer,
         curriculum=CurriculumConfig(a.cluster_fraction, a.cluster_start, a.cluster_end, a.cluster_size),
         checkpoint_every=a.checkpoint_every, log_every=a.log_every,
-        keep_checkpoints=a.keep_checkpoints, seed=a.seed)
+        keep_checkpoints=a.keep_checkpoints, max_failures=a.max_failures, seed=a.seed)
 
 
 def _bert_fields(items) -> Optional[tuple]:
