@@ -23,6 +23,7 @@ from evaluation.calibration import calibration_report, fit_platt
 from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers, within_group_accuracy
 from model.backbone import VisionBackbone
 from model.codecs import TokenCodec
+from model.device import pick_device
 from model.edje import EDJEModel, load_checkpoint
 from model.ranking import RankingConfig, read_ranking, write_ranking
 from schemas.config import CodecConfig
@@ -53,6 +54,7 @@ class EvalConfig:
     max_queries_per_image: Optional[int] = None  # T2I: keep the first N captions of each image (CPU budgets)
     examples: int = 4
     threads: Optional[int] = None
+    device: Optional[str] = None  # backbone text tower, adapter and joint encoder; None/"auto": cuda if visible, else cpu
 
     def __post_init__(self) -> None:
         if not self.backbone_only and not self.checkpoint:
@@ -96,17 +98,19 @@ def first_stage(queries: np.ndarray, items: np.ndarray, depth: int):
 
 @torch.no_grad()
 def image_tokens_for_encoder(model: EDJEModel, meta: TableMetadata, tokens: np.ndarray, cfg: EvalConfig) -> torch.Tensor:
-    """Encoder-ready image tokens [N, m, h]: the adapter over raw tokens (+ codec round trip), or stored tokens."""
+    """Encoder-ready image tokens [N, m, h] on the model's device: the adapter over raw tokens (+ codec
+    round trip), or stored tokens."""
+    device = next(model.parameters()).device
     if meta.kind == "compressed":
         if meta.adapter_hash != model.adapter_hash():
             raise TableMismatchError("adapter_hash", meta.adapter_hash, model.adapter_hash())
         if cfg.quant:
             raise ValueError("--quant applies to raw tables; compressed tables are already stored quantized")
-        return torch.from_numpy(tokens)
+        return torch.from_numpy(tokens).to(device)
     if model.config.adapter.input_dim != meta.width or model.config.backbone.name != meta.backbone:
         raise TableMismatchError("backbone", f"{meta.backbone} ({meta.width} wide)",
                                  f"{model.config.backbone.name} ({model.config.adapter.input_dim} wide)")
-    out = torch.cat([model.adapter(torch.from_numpy(tokens[i:i + cfg.batch_size]))
+    out = torch.cat([model.adapter(torch.from_numpy(tokens[i:i + cfg.batch_size]).to(device))
                      for i in range(0, len(tokens), cfg.batch_size)])
     if cfg.quant:
         codec = TokenCodec(CodecConfig(cfg.quant, cfg.group_size), out.shape[1], out.shape[2])
@@ -116,11 +120,11 @@ def image_tokens_for_encoder(model: EDJEModel, meta: TableMetadata, tokens: np.n
 
 @torch.no_grad()
 def score_pairs(model: EDJEModel, texts: Sequence[str], image_index: np.ndarray, images: torch.Tensor, batch: int) -> np.ndarray:
-    """ITM logits for (texts[i], images[image_index[i]]) in batches."""
+    """ITM logits for (texts[i], images[image_index[i]]) in batches (on the images' device), as float32 numpy."""
     out = []
     for i in range(0, len(texts), batch):
-        idx = torch.from_numpy(image_index[i:i + batch])
-        out.append(model.encoder.score(list(texts[i:i + batch]), images[idx]).float().numpy())
+        idx = torch.from_numpy(image_index[i:i + batch]).to(images.device)
+        out.append(model.encoder.score(list(texts[i:i + batch]), images[idx]).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
@@ -128,6 +132,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
     """Run the evaluation and write metrics.json, metrics.md, examples.png and run.json to cfg.output."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg.device)
     t0 = time.time()
     ann = load_annotations(cfg.annotations)
     if cfg.max_queries_per_image:
@@ -139,8 +144,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     rows = select_rows(ann, table.column("image_id").to_pylist())
     table = table.take(rows)
     image_emb = vector_matrix(table.column("image_embedding"))
-    backbone = VisionBackbone.create(meta.first_stage_backbone(cfg.backbone_pretrained))
-    text_emb = np.concatenate([backbone.encode_text(ann.captions[i:i + 512]).numpy() for i in range(0, len(ann.captions), 512)])
+    backbone = VisionBackbone.create(meta.first_stage_backbone(cfg.backbone_pretrained), device=device)
+    text_emb = np.concatenate([backbone.encode_text(ann.captions[i:i + 512]).cpu().numpy()
+                               for i in range(0, len(ann.captions), 512)])
     if text_emb.shape[1] != image_emb.shape[1]:
         raise TableMismatchError("embed_dim", image_emb.shape[1], text_emb.shape[1])
     depth = max(cfg.k, max(KS))
@@ -152,7 +158,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
     timings = {"load_and_first_stage_s": round(t_first, 2)}
     model = None
     if not cfg.backbone_only:
-        model = load_checkpoint(cfg.checkpoint)
+        model = load_checkpoint(cfg.checkpoint).to(device)
         t = time.time()
         images = image_tokens_for_encoder(model, meta, decode_tokens(table, meta), cfg)
         timings["image_tokens_s"] = round(time.time() - t, 2)
@@ -216,7 +222,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
     example_grid(ann, t2i, out / "examples.png", cfg.examples, reranked=not cfg.backbone_only)
     timings["total_s"] = round(time.time() - t0, 2)
     run = {"config": asdict(cfg), "table": asdict(meta), "queries": {"t2i": len(ann.captions), "i2t": ann.num_images},
-           "timings": timings, "torch_threads": torch.get_num_threads()}
+           "timings": timings, "torch_threads": torch.get_num_threads(), "device": str(device)}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return metrics
 

@@ -46,13 +46,16 @@ def main(argv=None) -> None:
     p.add_argument("--max-queries-per-image", type=int, help="T2I: first N captions per image only")
     p.add_argument("--examples", type=int, default=4, help="queries in examples.png")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", default="auto",
+                   help="text tower, adapter and joint encoder: auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
     a = p.parse_args(argv)
     cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
                      backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity,
                      fit_first_stage_weight=a.fit_first_stage_weight,
                      fit_calibration=a.fit_calibration, quant=a.quant,
                      group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
-                     max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads)
+                     max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads,
+                     device=a.device)
     metrics = evaluate(cfg)
     print((Path(a.output) / "metrics.md").read_text())
     del metrics

@@ -61,11 +61,19 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             rr[key] = value
     if rr:
         base["reranker"] = {**dataclasses.asdict(_default_reranker()), **rr}
+    # The first stage's text tower and the miner's run on a GPU when their replicas are given one.
+    for name, gpus in (("first_stage", args.first_stage_gpus), ("miner", args.miner_gpus)):
+        if gpus is not None:
+            base[name] = {**dataclasses.asdict(_default_resources(name)), **dict(base.get(name) or {}), "num_gpus": gpus}
     return ServeConfig.from_dict(base)
 
 
+def _default_resources(name: str) -> DeploymentResources:
+    return {f.name: f for f in dataclasses.fields(ServeConfig)}[name].default
+
+
 def _default_reranker() -> DeploymentResources:
-    return {f.name: f for f in dataclasses.fields(ServeConfig)}["reranker"].default
+    return _default_resources("reranker")
 
 
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -88,6 +96,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--reranker-replicas", type=int)
     p.add_argument("--reranker-gpus", type=float)
     p.add_argument("--reranker-cpus", type=float)
+    p.add_argument("--first-stage-gpus", type=float, help="GPUs per first-stage replica (its text tower runs there)")
+    p.add_argument("--miner-gpus", type=float, help="GPUs per miner replica (its text tower runs there)")
     p.add_argument("--auth-token-env", help="environment variable holding the bearer token (default EDJE_API_TOKEN)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000)

@@ -41,6 +41,7 @@ def main(argv=None) -> None:
     p.add_argument("--shape-caption-rate", type=float, default=0.0,
                    help="share of captions replaced by training-only ones naming only the shapes (needs --world)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
+    p.add_argument("--device", default="auto", help="auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = BackboneTrainConfig(
@@ -48,7 +49,7 @@ def main(argv=None) -> None:
         batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, seed=a.seed,
         eval_every=a.eval_every, stop_after=a.stop_after, neighbour_fraction=a.neighbour_fraction,
         cluster_size=a.cluster_size, neighbour_start=a.neighbour_start, mask_same_words=a.mask_same_words,
-        world=a.world, shape_caption_rate=a.shape_caption_rate)
+        world=a.world, shape_caption_rate=a.shape_caption_rate, device=a.device)
     record = train_backbone(cfg)
     print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
 

@@ -3,6 +3,9 @@
 Embeddings in token tables are L2-normalised, so inner product = cosine similarity. The
 backbone (name, pretrained tag or path, feature layer) is the one the tables name in their
 metadata: the text tower must be the one that made the image embeddings.
+
+Devices: the text tower runs on `device` (default: cuda when the replica sees a GPU, else cpu). The
+FAISS index stays on the CPU unless this faiss build has GPU support and the device is a GPU.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 import torch
 from ray import serve
 
+from model.device import pick_device
 from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
 from serving.live_images import LiveLog, embeddings_of_tables
 
@@ -24,7 +28,8 @@ log = logging.getLogger("ray.serve")
 class EmbeddingIndex:
     """FAISS inner-product index over row vectors with string ids (any faiss.index_factory description)."""
 
-    def __init__(self, ids: Sequence[str], vectors: np.ndarray, factory: str = "Flat"):
+    def __init__(self, ids: Sequence[str], vectors: np.ndarray, factory: str = "Flat",
+                 device: Optional[torch.device] = None):
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or len(ids) != len(vectors):
             raise ValueError(f"{len(ids)} ids but vectors of shape {list(vectors.shape)}")
@@ -32,6 +37,7 @@ class EmbeddingIndex:
         self.index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
         if not self.index.is_trained:
             self.index.train(vectors)
+        self.index = _on_gpu(self.index, device)
         self.index.add(vectors)
 
     def __len__(self) -> int:
@@ -52,12 +58,27 @@ class EmbeddingIndex:
         return scores, rows
 
 
-def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None):
-    """The VisionBackbone a table's metadata names (its text tower embeds queries and captions)."""
+def _on_gpu(index, device: Optional[torch.device]):
+    """The index moved to the GPU when `device` is one and faiss was built with GPU support; else unchanged."""
+    if device is None or torch.device(device).type != "cuda" or not hasattr(faiss, "StandardGpuResources"):
+        return index
+    try:
+        if faiss.get_num_gpus() < 1:
+            return index
+        gpu = torch.device(device).index or 0
+        return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, index)
+    except Exception as e:  # noqa: BLE001 - an index type without a GPU version: stay on the CPU
+        log.warning("faiss index stays on the CPU: %s", e)
+        return index
+
+
+def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None, device=None):
+    """The VisionBackbone a table's metadata names (its text tower embeds queries and captions), on `device`
+    (None: cuda when visible, else cpu)."""
     from model.backbone import VisionBackbone
 
     cfg = meta.first_stage_backbone(pretrained_override)
-    backbone = VisionBackbone.create(cfg)
+    backbone = VisionBackbone.create(cfg, device=pick_device(device))
     if backbone.embed_dim != meta.embed_dim:
         raise TableMismatchError("embed_dim", meta.embed_dim, backbone.embed_dim, f"backbone {cfg.name}")
     return backbone
@@ -101,16 +122,17 @@ class FirstStage:
     """Text query -> top-k image ids by cosine similarity of pooled embeddings."""
 
     def __init__(self, token_tables: Sequence[str], index_factory: str = "Flat", pretrained_override: Optional[str] = None,
-                 torch_threads: int = 1, live_dir: Optional[str] = None):
+                 torch_threads: int = 1, live_dir: Optional[str] = None, device: Optional[str] = None):
         torch.set_num_threads(max(1, torch_threads))
+        self.device = pick_device(device)  # None: the GPU when this replica was given one
         ids, vectors, meta = read_image_embeddings(token_tables)
-        self.index = EmbeddingIndex(ids, vectors, index_factory)
-        self.backbone = load_backbone(meta, pretrained_override)
+        self.index = EmbeddingIndex(ids, vectors, index_factory, self.device)
+        self.backbone = load_backbone(meta, pretrained_override, self.device)
         # Live images: the shared append log (serving/live_images.py), applied now and before each call.
         self.live = LiveLog(live_dir) if live_dir else None
         self.live_offset, self.live_lock = 0, threading.Lock()
         self.sync_live()
-        log.info("first stage: %d images indexed (%s)", len(self.index), index_factory)
+        log.info("first stage: %d images indexed (%s), text tower on %s", len(self.index), index_factory, self.device)
 
     def sync_live(self) -> int:
         """Index the live images committed since the last call; returns how many."""

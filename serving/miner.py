@@ -14,6 +14,10 @@ Negative captions of an image: nearest captions to the image embedding, never a 
 pair's image, nor one identical to the pair's caption, and each text at most once.
 With `rescore`, a larger embedding pool is re-ranked by the joint encoder's ITM logit (the
 negatives the reranker itself finds hardest).
+
+Devices: the text tower (annotation captions at start-up, unknown captions per request) runs on
+`device` (default: cuda when the replica sees a GPU, else cpu); the FAISS indexes stay on the CPU
+(the search widens k up to the corpus size, beyond what GPU indexes answer).
 """
 from __future__ import annotations
 
@@ -176,20 +180,24 @@ class Miner:
     """The hard-negative miner as a Serve deployment; rescoring goes through the reranker deployment."""
 
     def __init__(self, image_tables: Sequence[str], caption_sources: Sequence[str], index_factory: str = "Flat",
-                 pretrained_override: Optional[str] = None, reranker=None, torch_threads: int = 1):
+                 pretrained_override: Optional[str] = None, reranker=None, torch_threads: int = 1,
+                 device: Optional[str] = None):
+        from model.device import pick_device
+
         torch.set_num_threads(max(1, torch_threads))
+        self.device = pick_device(device)  # None: the GPU when this replica was given one
         ids, vectors, meta = read_image_embeddings(image_tables)
-        self.backbone = load_backbone(meta, pretrained_override)
+        self.backbone = load_backbone(meta, pretrained_override, self.device)
         corpus = load_caption_corpus(caption_sources, meta, self.backbone)
         self.miner = HardNegativeMiner(ids, vectors, corpus, index_factory)
         self.reranker = reranker
         self.summary = dict(images=len(ids), captions=len(corpus.captions), image_tables=list(image_tables),
                             caption_sources=list(caption_sources), backbone=meta.backbone, embed_dim=meta.embed_dim,
-                            can_rescore=reranker is not None)
+                            can_rescore=reranker is not None, device=str(self.device))
         # What was answered, for operators and tests: which client asked for which pairs, what it got.
         self.served: Deque[dict] = deque(maxlen=SERVED_LOG)
         self.requests = 0
-        log.info("miner: %d images, %d captions", len(ids), len(corpus.captions))
+        log.info("miner: %d images, %d captions, text tower on %s", len(ids), len(corpus.captions), self.device)
 
     def info(self) -> dict:
         """Corpus sizes and sources, requests answered."""

@@ -56,6 +56,9 @@ class BackboneTrainConfig:
     # only the scene's shapes (every image with that shape set is then a positive).
     world: Optional[str] = None
     shape_caption_rate: float = 0.0
+    # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
+    # bit for bit per device and thread count, not across devices.
+    device: Optional[str] = None
 
 
 def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
@@ -78,9 +81,9 @@ def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images:
     """T2I and I2T R@1/5/10 of the model's own embeddings on an annotation set."""
     clip.eval()
     img = torch.cat([F.normalize(clip.encode_image(images[i:i + batch]), dim=-1) for i in range(0, len(images), batch)])
-    txt = torch.cat([F.normalize(clip.encode_text(tokenizer(ann.captions[i:i + batch])), dim=-1)
+    txt = torch.cat([F.normalize(clip.encode_text(tokenizer(ann.captions[i:i + batch]).to(images.device)), dim=-1)
                      for i in range(0, len(ann.captions), batch)])
-    return embedding_recall(txt.numpy(), img.numpy(), ann.caption_image)
+    return embedding_recall(txt.cpu().numpy(), img.cpu().numpy(), ann.caption_image)
 
 
 def world_records(world_json: str, image_ids) -> tuple:
@@ -105,32 +108,36 @@ def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 5
     """Normalised image embeddings of preprocessed images, in eval mode (for neighbour batches)."""
     clip.eval()
     return torch.cat([F.normalize(clip.encode_image(images[i:i + batch]), dim=-1)
-                      for i in range(0, len(images), batch)]).numpy()
+                      for i in range(0, len(images), batch)]).cpu().numpy()
 
 
 def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print) -> Dict:
     """Train, evaluate, and write `cfg.output` (fp16 safetensors) plus a JSON record next to it."""
+    from model.device import pick_device
+
+    device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    clip = open_clip.create_model(cfg.model)
+    clip = open_clip.create_model(cfg.model).to(device)  # initialised on the CPU: the same start on every device
     tokenizer = open_clip.get_tokenizer(cfg.model)
     size = image_size(clip)
     train = load_annotations(cfg.train_annotations)
-    images = preprocess(clip, load_images(train.image_paths, size))
+    images = preprocess(clip, load_images(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
-    text_ids = tokenizer(train.captions)
+    text_ids = tokenizer(train.captions).to(device)
     per_image = train.image_to_captions()
     groups = scenes = shape_sets = None
     if cfg.world:
         groups_np, scenes = world_records(cfg.world, train.image_ids)
-        groups = torch.from_numpy(groups_np)
-        shape_sets = torch.tensor([hash(frozenset(o.shape for o in sc.objects)) % (2 ** 62) for sc in scenes])
+        groups = torch.from_numpy(groups_np).to(device)
+        shape_sets = torch.tensor([hash(frozenset(o.shape for o in sc.objects)) % (2 ** 62) for sc in scenes],
+                                  device=device)
     if cfg.shape_caption_rate > 0 and scenes is None:
         raise ValueError("shape captions need the world's scenes: give world=<world.json>")
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
-        evaluation = (ev, preprocess(clip, load_images(ev.image_paths, size)))
+        evaluation = (ev, preprocess(clip, load_images(ev.image_paths, size)).to(device))
     steps_per_epoch = math.ceil(train.num_images / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     decay = [p for n, p in clip.named_parameters() if p.ndim >= 2 and "embedding" not in n]
@@ -157,25 +164,25 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         clip.train()
         losses = []
         for idx in batches:
-            tidx = torch.from_numpy(idx)
+            tidx = torch.from_numpy(idx).to(device)
             ids = text_ids[caption_pick[idx]]
-            partial = torch.zeros(len(idx), dtype=torch.bool)
+            partial = torch.zeros(len(idx), dtype=torch.bool, device=device)
             if cfg.shape_caption_rate > 0:
-                partial = torch.from_numpy(rng.random(len(idx)) < cfg.shape_caption_rate)
+                partial = torch.from_numpy(rng.random(len(idx)) < cfg.shape_caption_rate).to(device)
                 rows = partial.nonzero().flatten().tolist()
                 if rows:
                     ids = ids.clone()
-                    ids[rows] = tokenizer([shape_caption(scenes[idx[r]], rng) for r in rows])
+                    ids[rows] = tokenizer([shape_caption(scenes[idx[r]], rng) for r in rows]).to(device)
             img = F.normalize(clip.encode_image(images[idx]), dim=-1)
             txt = F.normalize(clip.encode_text(ids), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
-            eye = torch.eye(len(idx), dtype=torch.bool)
+            eye = torch.eye(len(idx), dtype=torch.bool, device=device)
             positive = eye.clone()
             if shape_sets is not None:
                 same_shapes = shape_sets[tidx][:, None] == shape_sets[tidx][None, :]
                 positive |= partial[:, None] & same_shapes  # a shape caption fits every image with its shapes
             if cfg.mask_same_words:
-                same = torch.from_numpy(same_words_mask([train.captions[j] for j in caption_pick[idx]]))
+                same = torch.from_numpy(same_words_mask([train.captions[j] for j in caption_pick[idx]])).to(device)
                 logits = logits.masked_fill(same & ~positive, float("-inf"))
             if groups is not None:
                 g = groups[tidx]
@@ -206,7 +213,7 @@ def _save(clip: torch.nn.Module, cfg: BackboneTrainConfig, history: list, wall: 
     out = Path(cfg.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     # fp16 storage keeps the file under 10 MB; open_clip upcasts when it loads the state dict.
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in clip.state_dict().items()}
+    state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in clip.state_dict().items()}
     save_file(state, str(out), metadata={"model": cfg.model})
     record = {"config": asdict(cfg), "complete": done, "wall_s": round(wall, 1),
               "torch_threads": torch.get_num_threads(), "history": history,

@@ -27,7 +27,7 @@ from training.config import TrainJobConfig
 from training.mining import MinerConfig
 from training.masking import PieceGroups, WordGroups
 from training.model_init import build_model
-from training.negatives import MinerNegatives, TokenLookup, in_batch_negatives
+from training.negatives import MinerNegatives, Negatives, TokenLookup, in_batch_negatives
 from training.objectives import EDJEObjectives, teacher_scores
 from training.sampler import BatchPlanner
 
@@ -128,8 +128,12 @@ def load_shard(shard) -> pa.Table:
     resumed run rebuilds the same ones; 16 KB a row for 64 x 128 fp16 tokens."""
     parts = [pa.table(b) if not isinstance(b, pa.Table) else b
              for b in shard.iter_batches(batch_size=4096, batch_format="pyarrow")]
-    table = pa.concat_tables(parts).combine_chunks()
-    return table.sort_by([("image_id", "ascending"), ("caption", "ascending")])
+    return order_rows(pa.concat_tables(parts))
+
+
+def order_rows(table: pa.Table) -> pa.Table:
+    """A shard's rows in the order batches are planned over (image id, caption): the same on every run."""
+    return table.combine_chunks().sort_by([("image_id", "ascending"), ("caption", "ascending")])
 
 
 def planned_batches(table: pa.Table, planner: BatchPlanner, num_batches: int,
@@ -232,17 +236,8 @@ def train_loop_per_worker(config: dict) -> None:
         else:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
-            batch = _to_device(decode_batch(raw, meta), device)
-            neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
-            neg.image_tokens = neg.image_tokens.to(device)
-            t_logits = teacher_scores(teacher, batch, neg) if teacher is not None else None
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(cfg, pos.step, total_steps)
-            out = wrapped(batch, neg, t_logits)
-            optimizer.zero_grad(set_to_none=True)
-            out["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(objectives.parameters(), 5.0)
-            optimizer.step()
+            batch, neg, t_logits = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher)
+            out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits)
             pos.step += 1
             pos.batch_in_epoch = i + 1
             for k, v in out.items():
@@ -259,6 +254,31 @@ def train_loop_per_worker(config: dict) -> None:
             report(True)
     if resume is not None and not last_metrics and rank == 0:
         print(f"[rank {rank}] nothing left to do at step {pos.step}", flush=True)
+
+
+def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_cfg: MinerConfig,
+                generator: torch.Generator, miner: Optional[MinerNegatives] = None,
+                teacher: Optional[EDJEModel] = None) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor]]:
+    """One step's inputs on the worker's device: the decoded batch, its hard negatives (the miner
+    service's, or mined in the batch gathered across workers) and the teacher's logits (distillation)."""
+    batch = _to_device(decode_batch(raw, meta), device)
+    neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
+    neg.image_tokens = neg.image_tokens.to(device)
+    t_logits = teacher_scores(teacher, batch, neg) if teacher is not None else None
+    return batch, neg, t_logits
+
+
+def train_step(wrapped: torch.nn.Module, objectives: EDJEObjectives, optimizer: torch.optim.Optimizer,
+               batch: TrainBatch, neg: Negatives, lr: float, t_logits: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+    """One optimizer step of the (DDP-wrapped) objectives at learning rate `lr`; returns the loss terms."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    out = wrapped(batch, neg, t_logits)
+    optimizer.zero_grad(set_to_none=True)
+    out["loss"].backward()
+    torch.nn.utils.clip_grad_norm_(objectives.parameters(), 5.0)
+    optimizer.step()
+    return out
 
 
 def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
