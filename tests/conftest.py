@@ -53,3 +53,32 @@ def ray_local():
              log_to_driver=False, object_store_memory=512 * 1024 * 1024)
     yield ray
     ray.shutdown()
+
+
+def encode_world_with_checkpoint(root, seed: int, n_test: int, checkpoint: str):
+    """A sample world's test split (`root`/world) through `checkpoint`'s backbone and adapter:
+    (annotations path, raw table, compressed tokens [N, m, d] float32, compressed table metadata at int8)."""
+    from pathlib import Path
+
+    import torch
+
+    from evaluation.tables import encode_annotations
+    from model.backbone import VisionBackbone
+    from model.edje import load_checkpoint, read_checkpoint_config
+    from sampleworld.world import WorldConfig, generate
+    from schemas.token_table import TableMetadata, decode_tokens, read_token_table
+
+    repo = Path(__file__).resolve().parent.parent
+    generate(WorldConfig(seed=seed, n_train=0, n_val=0, n_test=n_test), root / "world")
+    bcfg = read_checkpoint_config(checkpoint)["config"]["backbone"]
+    backbone = VisionBackbone.create(BackboneConfig(bcfg["name"], str(repo / bcfg["pretrained"]), bcfg["feature_layer"]))
+    ann_path = root / "world" / "flickr30k_test.json"
+    encode_annotations(str(ann_path), backbone, str(root / "raw.parquet"))
+    table, meta = read_token_table(str(root / "raw.parquet"))
+    model = load_checkpoint(checkpoint).eval()
+    with torch.no_grad():
+        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta))).numpy()
+    cmeta = TableMetadata(kind="compressed", backbone=meta.backbone, pretrained=meta.pretrained,
+                          feature_layer=meta.feature_layer, num_tokens=tokens.shape[1], width=tokens.shape[2],
+                          quantization="int8", embed_dim=meta.embed_dim, adapter_hash=model.adapter_hash())
+    return ann_path, table, tokens, cmeta

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-import torch
 
 from serving.config import DeploymentResources, ServeConfig
 from serving.startup import StartupConfig
@@ -27,28 +26,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def unseen_world(tmp_path_factory):
     """Seed-23 test split (48 images in families of twins), compressed int8 tables made with the checkpoint's adapter."""
+    from conftest import encode_world_with_checkpoint
     from evaluation.annotations import load_annotations
     from evaluation.rerank_eval import family_groups
-    from evaluation.tables import encode_annotations
-    from model.backbone import VisionBackbone
-    from model.edje import load_checkpoint, read_checkpoint_config
-    from sampleworld.world import WorldConfig, generate
-    from schemas.config import BackboneConfig
-    from schemas.token_table import TableMetadata, build_table, decode_tokens, read_token_table, write_token_table
+    from schemas.token_table import build_table, write_token_table
 
     root = tmp_path_factory.mktemp("unseen")
-    generate(WorldConfig(seed=23, n_train=0, n_val=0, n_test=48), root / "world")
-    bcfg = read_checkpoint_config(CHECKPOINT)["config"]["backbone"]
-    backbone = VisionBackbone.create(BackboneConfig(bcfg["name"], str(REPO / bcfg["pretrained"]), bcfg["feature_layer"]))
-    ann_path = root / "world" / "flickr30k_test.json"
-    encode_annotations(str(ann_path), backbone, str(root / "raw.parquet"))
-    table, meta = read_token_table(str(root / "raw.parquet"))
-    model = load_checkpoint(CHECKPOINT).eval()
-    with torch.no_grad():
-        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta))).numpy()
-    cmeta = TableMetadata(kind="compressed", backbone=meta.backbone, pretrained=meta.pretrained,
-                          feature_layer=meta.feature_layer, num_tokens=tokens.shape[1], width=tokens.shape[2],
-                          quantization="int8", embed_dim=meta.embed_dim, adapter_hash=model.adapter_hash())
+    ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, 23, 48, CHECKPOINT)
     emb = np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])
     write_token_table(build_table(cmeta, table.column("image_id").to_pylist(), tokens, emb), str(root / "c16.parquet"))
     ann = load_annotations(ann_path)

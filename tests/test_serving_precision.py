@@ -23,28 +23,11 @@ BF16_LOGIT_TOLERANCE = 0.25  # measured on CPU bf16: max 0.05, mean 0.009 (logit
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """Captions x compressed int8 tokens of an unseen sample world, and the table's metadata."""
+    from conftest import encode_world_with_checkpoint
     from evaluation.annotations import load_annotations
-    from evaluation.tables import encode_annotations
-    from model.backbone import VisionBackbone
-    from model.edje import load_checkpoint, read_checkpoint_config
-    from sampleworld.world import WorldConfig, generate
-    from schemas.config import BackboneConfig
-    from schemas.token_table import TableMetadata, decode_tokens, read_token_table
 
-    root = tmp_path_factory.mktemp("precision")
-    generate(WorldConfig(seed=29, n_train=0, n_val=0, n_test=24), root / "world")
-    bcfg = read_checkpoint_config(CHECKPOINT)["config"]["backbone"]
-    backbone = VisionBackbone.create(BackboneConfig(bcfg["name"], str(REPO / bcfg["pretrained"]), bcfg["feature_layer"]))
-    ann_path = root / "world" / "flickr30k_test.json"
-    encode_annotations(str(ann_path), backbone, str(root / "raw.parquet"))
-    table, meta = read_token_table(str(root / "raw.parquet"))
-    model = load_checkpoint(CHECKPOINT).eval()
-    with torch.no_grad():
-        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta)))
-    cmeta = TableMetadata(kind="compressed", backbone=meta.backbone, pretrained=meta.pretrained,
-                          feature_layer=meta.feature_layer, num_tokens=tokens.shape[1], width=tokens.shape[2],
-                          quantization="int8", embed_dim=meta.embed_dim, adapter_hash=model.adapter_hash())
-    blob, scales = cmeta.codec.encode(tokens.numpy())
+    ann_path, _, tokens, cmeta = encode_world_with_checkpoint(tmp_path_factory.mktemp("precision"), 29, 24, CHECKPOINT)
+    blob, scales = cmeta.codec.encode(tokens)
     ann = load_annotations(ann_path)
     captions = [ann.captions_of(i)[0] for i in range(ann.num_images)]
     # every caption against every image: true pairs, twins and unrelated ones

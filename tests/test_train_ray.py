@@ -175,3 +175,38 @@ def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipel
     stored = vector_matrix(table.column("text_embedding"))
     assert stored.shape == expected.shape == (len(captions), meta.embed_dim)
     np.testing.assert_allclose(stored, expected, atol=1e-5, rtol=0)  # stored as float32
+
+
+def test_pretrain_with_the_binding_levers(pipeline_tables, tmp_path, ray_local):
+    """Group MLM, word context and the 2-D adapter position reach the worker loop and the exported model."""
+    from model.edje import load_checkpoint
+    export, rows = _train("pretrain.py", pipeline_tables, tmp_path, "bind", ray_local.get_runtime_context().gcs_address,
+                          "--adapter", "local", "--objectives", "itm", "mlm", "--mlm-masking", "groups",
+                          "--word-context", "3", "--adapter-position", "2d")
+    assert all(math.isfinite(r["loss_mlm"]) and 0 <= r["mlm_bind_acc"] <= 1 for r in rows), rows  # the read-out is logged
+    model = load_checkpoint(str(export))
+    assert model.encoder.word_context is not None and model.config.adapter.position == "2d"
+
+
+def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipeline_tables, tmp_path, ray_local):
+    """--max-failures: the same run survives its worker process dying (a node lost, the OOM killer)."""
+    storage = tmp_path / "runs"
+    args = PRETRAIN + ["--tables", str(pipeline_tables), "--storage-path", str(storage), "--name", "survive",
+                       "--ray-address", ray_local.get_runtime_context().gcs_address, "--adapter", "local",
+                       "--max-failures", "2", *TINY_RUN]
+    args[args.index("--max-steps") + 1] = "30"  # long enough that the kill lands mid-run
+    log_path = tmp_path / "survive.log"
+    with open(log_path, "w") as log:
+        run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.time() + 420
+        while time.time() < deadline and not _checkpoints(storage, "survive") and run.poll() is None:
+            time.sleep(0.5)
+        assert _checkpoints(storage, "survive"), log_path.read_text()[-4000:]
+        worker = int(re.findall(r"RayTrainWorker pid=(\d+)", log_path.read_text())[-1])
+        os.kill(worker, signal.SIGKILL)
+        assert run.wait(timeout=600) == 0, log_path.read_text()[-4000:]
+    text = log_path.read_text()
+    resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", text)]
+    assert resumed and min(resumed) >= 2, text[-4000:]
+    assert _checkpoints(storage, "survive")[-1][0] == 30
