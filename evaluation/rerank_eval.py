@@ -20,7 +20,8 @@ import torch
 
 from evaluation.annotations import Annotations, load_annotations
 from evaluation.calibration import calibration_report, fit_platt
-from evaluation.recall import KS, i2t_answers, recall, rerank, t2i_answers, within_group_accuracy
+from evaluation.recall import (KS, i2t_answers, recall, rerank, t2i_answers, within_group_accuracy,
+                               within_group_pairs_by_kind)
 from model.backbone import VisionBackbone
 from model.codecs import TokenCodec
 from model.device import pick_device
@@ -210,10 +211,15 @@ def evaluate(cfg: EvalConfig) -> Dict:
     if families is not None:
         # Items ranked: images for text->image, captions (grouped by their image's family) for image->text.
         k = min(cfg.k, ann.num_images)
-        for name, st, group in (("t2i", t2i, families), ("i2t", i2t, families[ann.caption_image])):
+        swaps = family_swap_kinds(ann)
+        caption_swaps = [swaps[i] for i in ann.caption_image]
+        for name, st, group, kinds in (("t2i", t2i, families, swaps), ("i2t", i2t, families[ann.caption_image], caption_swaps)):
             metrics[name]["within_family"] = {
                 "first_stage": within_group_accuracy(st.first, st.answers, group, k),
-                "reranked": within_group_accuracy(st.reranked, st.answers, group, k)}
+                "reranked": within_group_accuracy(st.reranked, st.answers, group, k),
+                # what binding each stage gets right: answer vs twin pairs, by the swap that tells them apart
+                "by_kind": {"first_stage": within_group_pairs_by_kind(st.first, st.answers, group, kinds, k),
+                            "reranked": within_group_pairs_by_kind(st.reranked, st.answers, group, kinds, k)}}
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -232,6 +238,7 @@ def candidate_labels(candidates: np.ndarray, answers: Sequence[np.ndarray]) -> n
     return np.stack([np.isin(row, ans) for row, ans in zip(candidates, answers)])
 
 
+TWIN_KINDS = ("colour", "shape", "size", "relation", "two swaps")
 FUSION_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
 
@@ -247,13 +254,23 @@ def fit_first_stage_weight(ranked, t2i_answers, i2t_answers, where: str):
 
 def family_groups(ann: Annotations) -> Optional[np.ndarray]:
     """Family id of each annotation image when a sample world's world.json lies beside the annotations."""
+    found = _world_images(ann)
+    return None if found is None else np.array([found[i]["family_id"] for i in ann.image_ids])
+
+
+def family_swap_kinds(ann: Annotations) -> Optional[List[frozenset]]:
+    """Each annotation image's swap kinds relative to its family's base image ({} for the base)."""
+    found = _world_images(ann)
+    return None if found is None else [frozenset(s["kind"] for s in found[i]["swaps"]) for i in ann.image_ids]
+
+
+def _world_images(ann: Annotations) -> Optional[Dict[str, Dict]]:
+    """world.json's image records by id, when a sample world lies beside the annotations and holds them all."""
     world = ann.path.parent / "world.json"
     if not world.exists():
         return None
-    family = {r["image_id"]: r["family_id"] for r in json.loads(world.read_text())["images"]}
-    if any(i not in family for i in ann.image_ids):
-        return None
-    return np.array([family[i] for i in ann.image_ids])
+    records = {r["image_id"]: r for r in json.loads(world.read_text())["images"]}
+    return records if all(i in records for i in ann.image_ids) else None
 
 
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
@@ -288,4 +305,14 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
             pct = [f"{f[s]['accuracy']:.2f}" if f[s]["accuracy"] is not None else "–" for s in ("first_stage", "reranked")]
             lines.append(f"| {d} | {pct[0]} | {pct[1]} | "
                          f"{f['first_stage']['queries']} / {f['reranked']['queries']} |")
+        lines += ["", "Per twin kind: answer ranked above a twin that differs from it by one swap of that kind "
+                  "(pairs in the top k), first stage → reranked.", "",
+                  "| direction | " + " | ".join(TWIN_KINDS) + " |", "| --- |" + " ---: |" * len(TWIN_KINDS)]
+        for d, f in fam:
+            by = f.get("by_kind", {})
+            cells = []
+            for kind in TWIN_KINDS:
+                a, b = by.get("first_stage", {}).get(kind), by.get("reranked", {}).get(kind)
+                cells.append(f"{a['accuracy']:.1f} → {b['accuracy']:.1f} ({b['pairs']})" if a and b else "–")
+            lines.append(f"| {d} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
