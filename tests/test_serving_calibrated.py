@@ -1,7 +1,7 @@
 """The shipped checkpoint's calibrated relevance_score, over HTTP, on a sample world nobody trained or tuned on.
 
-checkpoints/edje-c16 records its ranking rule (ITM + 32 x first-stage cosine, weight chosen on world seed 100)
-and a Platt calibration fitted on another validation world (seed 101). Seed 23 is used by nothing else.
+checkpoints/edje-local-bind records its ranking rule (ITM + 2 x first-stage cosine) and a Platt calibration, both
+fitted on the val split of world seed 100. Seed 23 is used by nothing else.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from serving.startup import StartupConfig
 os.environ.update(StartupConfig().env())
 
 REPO = Path(__file__).resolve().parent.parent
-CHECKPOINT = str(REPO / "checkpoints" / "edje-c16")
+CHECKPOINT = str(REPO / "checkpoints" / "edje-local-bind")
 pytestmark = pytest.mark.slow
 
 
@@ -34,9 +34,9 @@ def unseen_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("unseen")
     ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, 23, 48, CHECKPOINT)
     emb = np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])
-    write_token_table(build_table(cmeta, table.column("image_id").to_pylist(), tokens, emb), str(root / "c16.parquet"))
+    write_token_table(build_table(cmeta, table.column("image_id").to_pylist(), tokens, emb), str(root / "compressed.parquet"))
     ann = load_annotations(ann_path)
-    return ann, family_groups(ann), str(root / "c16.parquet")
+    return ann, family_groups(ann), str(root / "compressed.parquet")
 
 
 def test_relevance_is_calibrated_on_an_unseen_world(ray_local, unseen_world):

@@ -1,6 +1,6 @@
 """Copy an EDJE checkpoint with its weights stored as fp16 (half the bytes; loading upcasts to fp32).
 
-  python -m training.export runs/edje/train/edje-c16/checkpoint_<step 1600> checkpoints/edje-c16
+  python -m training.export runs/binding_backbone/model_cont checkpoints/edje-local-bind
 """
 from __future__ import annotations
 
