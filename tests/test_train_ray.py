@@ -195,6 +195,7 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipelin
                        "--ray-address", ray_local.get_runtime_context().gcs_address, "--adapter", "local",
                        "--max-failures", "2", *TINY_RUN]
     args[args.index("--max-steps") + 1] = "30"  # long enough that the kill lands mid-run
+    args += ["--epochs", "100"]
     log_path = tmp_path / "survive.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

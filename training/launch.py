@@ -63,7 +63,7 @@ def run(cfg: TrainJobConfig):
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,
                            "batches_per_epoch": count_rows(paths) // (cfg.batch_size * cfg.num_workers),
-                           "resume_candidates": checkpoint_candidates(storage, cfg.name)},
+                           "storage": storage},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,
@@ -115,7 +115,9 @@ def checkpoint_candidates(storage: str, name: str) -> List[Tuple[int, str]]:
 def _entry(config: dict) -> None:
     # Imported inside the worker so that the driver never builds a model.
     from training.loop import train_loop_per_worker
-    train_loop_per_worker(config)
+    # Scanned whenever a worker group starts, so that a group restarted after a failure (--max-failures)
+    # resumes from the checkpoints written since launch, also where Ray's own snapshot lags behind them.
+    train_loop_per_worker({**config, "resume_candidates": checkpoint_candidates(config["storage"], config["job"].name)})
 
 
 def export_checkpoint(result, target: str) -> str:
