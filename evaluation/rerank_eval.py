@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import faiss
 import numpy as np
@@ -207,11 +207,11 @@ def evaluate(cfg: EvalConfig) -> Dict:
         if ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
             for name, st, order in (("t2i", t2i, itm_only[0]), ("i2t", i2t, itm_only[1])):
                 metrics[name]["reranked_itm_only"] = recall(order, st.answers)
-    families = family_groups(ann)
-    if families is not None:
+    world = world_families(ann)
+    if world is not None:
         # Items ranked: images for text->image, captions (grouped by their image's family) for image->text.
         k = min(cfg.k, ann.num_images)
-        swaps = family_swap_kinds(ann)
+        families, swaps = world
         caption_swaps = [swaps[i] for i in ann.caption_image]
         for name, st, group, kinds in (("t2i", t2i, families, swaps), ("i2t", i2t, families[ann.caption_image], caption_swaps)):
             metrics[name]["within_family"] = {
@@ -254,23 +254,21 @@ def fit_first_stage_weight(ranked, t2i_answers, i2t_answers, where: str):
 
 def family_groups(ann: Annotations) -> Optional[np.ndarray]:
     """Family id of each annotation image when a sample world's world.json lies beside the annotations."""
-    found = _world_images(ann)
-    return None if found is None else np.array([found[i]["family_id"] for i in ann.image_ids])
+    found = world_families(ann)
+    return None if found is None else found[0]
 
 
-def family_swap_kinds(ann: Annotations) -> Optional[List[frozenset]]:
-    """Each annotation image's swap kinds relative to its family's base image ({} for the base)."""
-    found = _world_images(ann)
-    return None if found is None else [frozenset(s["kind"] for s in found[i]["swaps"]) for i in ann.image_ids]
-
-
-def _world_images(ann: Annotations) -> Optional[Dict[str, Dict]]:
-    """world.json's image records by id, when a sample world lies beside the annotations and holds them all."""
+def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[frozenset]]]:
+    """From one read of the world.json beside the annotations (when it holds every image): each image's
+    family id and its swap kinds relative to its family's base image ({} for the base)."""
     world = ann.path.parent / "world.json"
     if not world.exists():
         return None
     records = {r["image_id"]: r for r in json.loads(world.read_text())["images"]}
-    return records if all(i in records for i in ann.image_ids) else None
+    if not all(i in records for i in ann.image_ids):
+        return None
+    rows = [records[i] for i in ann.image_ids]
+    return np.array([r["family_id"] for r in rows]), [frozenset(s["kind"] for s in r["swaps"]) for r in rows]
 
 
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:

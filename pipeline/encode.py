@@ -142,7 +142,6 @@ class EncodeBatch:
             # cuDNN convolutions default to TF32 (10-bit mantissa): the patch stem would round like fp16.
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
-        self.autocast = spec.compute_dtype != "fp32"
         self.compute_dtype = COMPUTE_DTYPES[spec.compute_dtype]
         self.backbone = VisionBackbone.create(spec.backbone, device=self.device)
         self.adapter = _load_adapter(spec.adapter)[0].to(self.device) if spec.adapter else None
@@ -165,7 +164,7 @@ class EncodeBatch:
         txt_emb = [None] * b
         if len(ok):
             images = torch.from_numpy(np.ascontiguousarray(batch["image"][ok])).to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.autocast):
+            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
                 tokens, emb = self.backbone.encode(images)
                 if self.adapter is not None:
                     tokens = self.adapter(tokens)
