@@ -40,6 +40,10 @@ def main(argv=None) -> None:
     p.add_argument("--world", help="a sample world's world.json: a family's images are not each other's negatives")
     p.add_argument("--shape-caption-rate", type=float, default=0.0,
                    help="share of captions replaced by training-only ones naming only the shapes (needs --world)")
+    p.add_argument("--shape-caption-rate-end", type=float, default=None,
+                   help="shape-caption rate at the last epoch (linear from --shape-caption-rate; default: constant)")
+    p.add_argument("--colour-caption-rate", type=float, default=0.0,
+                   help="share of captions replaced by training-only ones naming only the colours (needs --world)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
     p.add_argument("--device", default="auto", help="auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
     a = p.parse_args(argv)
@@ -49,7 +53,8 @@ def main(argv=None) -> None:
         batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, seed=a.seed,
         eval_every=a.eval_every, stop_after=a.stop_after, neighbour_fraction=a.neighbour_fraction,
         cluster_size=a.cluster_size, neighbour_start=a.neighbour_start, mask_same_words=a.mask_same_words,
-        world=a.world, shape_caption_rate=a.shape_caption_rate, device=a.device)
+        world=a.world, shape_caption_rate=a.shape_caption_rate,
+        shape_caption_rate_end=a.shape_caption_rate_end, colour_caption_rate=a.colour_caption_rate, device=a.device)
     record = train_backbone(cfg)
     print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
 

@@ -199,5 +199,17 @@ def shape_caption(scene: Scene, rng: np.random.Generator) -> str:
     """A training-only caption that names every shape of the scene and nothing else ("a star and a
     disc"): matching it needs shape, which full captions never require against random negatives."""
     names = [SHAPE_WORDS[o.shape][int(rng.integers(len(SHAPE_WORDS[o.shape])))] for o in scene.objects]
-    names = [article(n) for n in (names[i] for i in rng.permutation(len(names)))]
-    return names[0] + " and " + names[1] if len(names) == 2 else f"{names[0]}, {names[1]} and {names[2]}"
+    return _listing([article(n) for n in (names[i] for i in rng.permutation(len(names)))])
+
+
+def colour_caption(scene: Scene, rng: np.random.Generator) -> str:
+    """A training-only caption that names every colour of the scene and nothing else ("something red
+    and something blue"): it keeps colour in the embedding while shape captions teach shape."""
+    colours = sorted({o.colour for o in scene.objects})
+    names = [COLOUR_WORDS[c][int(rng.integers(len(COLOUR_WORDS[c])))] for c in colours]
+    return _listing([f"something {n}" for n in (names[i] for i in rng.permutation(len(names)))])
+
+
+def _listing(items: list[str]) -> str:
+    """"x", "x and y", "x, y and z"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 import model.backbone  # noqa: F401  registers the project's open_clip configs
 from evaluation.annotations import Annotations, load_annotations, load_images
 from evaluation.recall import embedding_recall
-from sampleworld.captions import shape_caption
+from sampleworld.captions import colour_caption, shape_caption
 from sampleworld.scene import Scene
 from training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 
@@ -53,9 +53,15 @@ class BackboneTrainConfig:
     # A sample world's world.json, for two training-only levers: images of one family (binding
     # twins, whose captions share every word) are left out of each other's softmax, as duplicates
     # are in CLIP training; and `shape_caption_rate` of the captions are replaced by ones that name
-    # only the scene's shapes (every image with that shape set is then a positive).
+    # only the scene's shapes (every image with that shape set is then a positive), `colour_caption_rate`
+    # by ones that name only its colours (positives: the same colour set). Shape-only captions alone
+    # trade colour for shape (BENCHMARKS.md): colour-only ones beside them keep colour in the embedding.
     world: Optional[str] = None
     shape_caption_rate: float = 0.0
+    # The shape rate moves linearly from `shape_caption_rate` (first epoch) to this (last epoch of the
+    # schedule); None keeps it constant. High early teaches shape; lower late gives full captions back.
+    shape_caption_rate_end: Optional[float] = None
+    colour_caption_rate: float = 0.0
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
     device: Optional[str] = None
@@ -84,6 +90,39 @@ def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images:
     txt = torch.cat([F.normalize(clip.encode_text(tokenizer(ann.captions[i:i + batch]).to(images.device)), dim=-1)
                      for i in range(0, len(ann.captions), batch)])
     return embedding_recall(txt.cpu().numpy(), img.cpu().numpy(), ann.caption_image)
+
+
+def caption_rates(cfg: BackboneTrainConfig, epoch: int) -> tuple:
+    """(shape-only, colour-only) caption rates of a 0-based epoch under the config's schedule."""
+    end = cfg.shape_caption_rate if cfg.shape_caption_rate_end is None else cfg.shape_caption_rate_end
+    shape = cfg.shape_caption_rate + (end - cfg.shape_caption_rate) * epoch / max(1, cfg.epochs - 1)
+    if not (0 <= shape and 0 <= cfg.colour_caption_rate and shape + cfg.colour_caption_rate <= 1):
+        raise ValueError(f"caption rates must be >= 0 and sum to <= 1: shape {shape:.3f}, "
+                         f"colour {cfg.colour_caption_rate} at epoch {epoch + 1}")
+    return shape, cfg.colour_caption_rate
+
+
+def attribute_set_ids(scenes, attribute: str, device) -> torch.Tensor:
+    """One id per image for the set of values of an attribute ("shape" / "colour") in its scene."""
+    sets = {}
+    return torch.tensor([sets.setdefault(frozenset(getattr(o, attribute) for o in sc.objects), len(sets))
+                         for sc in scenes], device=device)
+
+
+def partial_captions(ids: torch.Tensor, idx: np.ndarray, rates: tuple, scenes, tokenizer,
+                     rng: np.random.Generator) -> tuple:
+    """Replace a share of a batch's caption ids by shape-only and colour-only captions.
+
+    Returns (ids, shape rows [B] bool, colour rows [B] bool)."""
+    shape_rate, colour_rate = rates
+    u = rng.random(len(idx))
+    rows = {"shape": u < shape_rate, "colour": (u >= shape_rate) & (u < shape_rate + colour_rate)}
+    ids = ids.clone()
+    for kind, make in (("shape", shape_caption), ("colour", colour_caption)):
+        picked = np.flatnonzero(rows[kind]).tolist()
+        if picked:
+            ids[picked] = tokenizer([make(scenes[idx[r]], rng) for r in picked]).to(ids.device)
+    return ids, *(torch.from_numpy(rows[k]).to(ids.device) for k in ("shape", "colour"))
 
 
 def world_records(world_json: str, image_ids) -> tuple:
@@ -126,14 +165,14 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions).to(device)
     per_image = train.image_to_captions()
-    groups = scenes = shape_sets = None
+    groups = scenes = None
+    partial_rates = [caption_rates(cfg, e) for e in range(cfg.epochs)]  # checks every epoch's rates up front
     if cfg.world:
         groups_np, scenes = world_records(cfg.world, train.image_ids)
         groups = torch.from_numpy(groups_np).to(device)
-        shape_sets = torch.tensor([hash(frozenset(o.shape for o in sc.objects)) % (2 ** 62) for sc in scenes],
-                                  device=device)
-    if cfg.shape_caption_rate > 0 and scenes is None:
-        raise ValueError("shape captions need the world's scenes: give world=<world.json>")
+        shape_sets, colour_sets = (attribute_set_ids(scenes, a, device) for a in ("shape", "colour"))
+    if any(sum(r) > 0 for r in partial_rates) and scenes is None:
+        raise ValueError("shape/colour captions need the world's scenes: give world=<world.json>")
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
@@ -166,21 +205,17 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         for idx in batches:
             tidx = torch.from_numpy(idx).to(device)
             ids = text_ids[caption_pick[idx]]
-            partial = torch.zeros(len(idx), dtype=torch.bool, device=device)
-            if cfg.shape_caption_rate > 0:
-                partial = torch.from_numpy(rng.random(len(idx)) < cfg.shape_caption_rate).to(device)
-                rows = partial.nonzero().flatten().tolist()
-                if rows:
-                    ids = ids.clone()
-                    ids[rows] = tokenizer([shape_caption(scenes[idx[r]], rng) for r in rows]).to(device)
+            shape_rows = colour_rows = None
+            if sum(partial_rates[epoch]) > 0:
+                ids, shape_rows, colour_rows = partial_captions(ids, idx, partial_rates[epoch], scenes, tokenizer, rng)
             img = F.normalize(clip.encode_image(images[idx]), dim=-1)
             txt = F.normalize(clip.encode_text(ids), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
             eye = torch.eye(len(idx), dtype=torch.bool, device=device)
             positive = eye.clone()
-            if shape_sets is not None:
-                same_shapes = shape_sets[tidx][:, None] == shape_sets[tidx][None, :]
-                positive |= partial[:, None] & same_shapes  # a shape caption fits every image with its shapes
+            if shape_rows is not None:  # a shape (colour) caption fits every image with its shape (colour) set
+                for rows, sets in ((shape_rows, shape_sets), (colour_rows, colour_sets)):
+                    positive |= rows[:, None] & (sets[tidx][:, None] == sets[tidx][None, :])
             if cfg.mask_same_words:
                 same = torch.from_numpy(same_words_mask([train.captions[j] for j in caption_pick[idx]])).to(device)
                 logits = logits.masked_fill(same & ~positive, float("-inf"))
@@ -198,6 +233,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             losses.append(loss.item())
             step += 1
         row = {"epoch": epoch + 1, "step": step, "loss": round(float(np.mean(losses)), 4),
+               "caption_rates": [round(r, 3) for r in partial_rates[epoch]],
                "elapsed_s": round(time.time() - start, 1)}
         if evaluation and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == last):
             row["recall"] = zero_shot_recall(clip, tokenizer, *evaluation)
