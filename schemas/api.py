@@ -7,6 +7,8 @@ the served corpus. Unknown request fields are ignored (those clients send extras
 url, a `data:` url or base64 bytes; `image_source`). The request models are built from `ApiLimits` (`request_models`), so
 the limits the server enforces (document count, text length, non-blank text, top_n >= 1) are
 the ones its OpenAPI schema states: one configuration, validated by pydantic, documented by FastAPI.
+`/v1/search` searches by a text, by a corpus image id, or by both (mixed-modal: the image and a text that
+modifies it; `SearchRequest`).
 """
 # No `from __future__ import annotations`: the models built inside request_models refer to local types.
 import functools
@@ -21,6 +23,10 @@ MAX_ID_CHARS = 512  # image ids are short keys; longer strings cannot be in the 
 MAX_URL_CHARS = 2048
 URL_PATTERN = r"^https?://\S+$"
 DOCUMENT_KEYS = ("id", "image_id", "image", "text")
+# Mixed-modal search: the image's share of the first-stage query (the text has the rest). Both embeddings are unit
+# vectors of one joint space, so 0.5 weighs the two directions alike (the "image + text" sum baseline of composed
+# image retrieval); benchmarks/mixed_modal.py measures it.
+DEFAULT_IMAGE_WEIGHT = 0.5
 
 ImageId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=NON_BLANK,
                                description="an image id of the served corpus")]
@@ -176,13 +182,28 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         raw_scores: bool = False
 
     class SearchRequest(_Request):
-        """Text-to-image search: first stage top_k by embedding similarity, reranked, best top_n returned."""
+        """Search the corpus: first stage top_k by embedding similarity, reranked, best top_n returned. The query is
+        a text (text-to-image), a corpus image plus a text that modifies it (mixed-modal: "the same, but the circle
+        is red"), or a corpus image alone (image-to-image: first stage only, nothing to rerank against)."""
 
         model: Optional[str] = None
-        query: Text
+        query: Optional[Text] = Field(None, description="the text query; with `image`, the text the results should "
+                                                        "match (the reranker scores it against each candidate)")
+        image: Optional[ImageId] = Field(None, description="an image id of the served corpus to search from; never "
+                                                           "among its own results")
+        image_weight: float = Field(
+            DEFAULT_IMAGE_WEIGHT, ge=0.0, le=1.0,
+            description="with both `query` and `image`: the image's share w of the first-stage query "
+                        "normalise(w x image embedding + (1 - w) x text embedding); ignored otherwise")
         top_k: int = Field(10, ge=1, le=limits.max_top_k, description="first-stage candidates handed to the reranker")
         top_n: Optional[int] = Field(None, ge=1, description="results returned (default: top_k)")
         raw_scores: bool = False
+
+        @model_validator(mode="after")
+        def _something_to_search_by(self):
+            if self.query is None and self.image is None:
+                raise ValueError("give a 'query', an 'image' (a corpus image id) or both")
+            return self
 
     class Pair(_Request):
         """One positive image-caption pair of a training batch."""
@@ -276,6 +297,8 @@ class SearchResponse(BaseModel):
     model: str
     results: List[SearchResult]
     usage: Usage
+    reranked: bool = Field(True, description="false for an image-only query: results in first-stage order, "
+                                             "relevance_score = first_stage_score (no text to rerank against)")
 
 
 class NegativeImage(BaseModel):

@@ -4,6 +4,11 @@ Embeddings in token tables are L2-normalised, so inner product = cosine similari
 backbone (name, pretrained tag or path, feature layer) is the one the tables name in their
 metadata: the text tower must be the one that made the image embeddings.
 
+Mixed-modal queries (a corpus image and a text that modifies it) search with one vector,
+normalise(w x image embedding + (1 - w) x text embedding) (`combine_query`); the image's embedding is the one
+the index holds (the token tables' pooled embedding), and the query image is excluded from its own results.
+A corpus image alone (w = 1, no text) is an image-to-image query.
+
 Devices: the text tower runs on `device` (default: cuda when the replica sees a GPU, else cpu). The
 FAISS index stays on the CPU unless this faiss build has GPU support and the device is a GPU.
 """
@@ -11,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import faiss
 import numpy as np
@@ -39,6 +45,10 @@ class EmbeddingIndex:
             self.index.train(vectors)
         self.index = _on_gpu(self.index, device)
         self.index.add(vectors)
+        # Rows are read back (a query image's own vector) from an exact flat index; any other index stores codes
+        # or lists that cannot give the table's vector back exactly, so it keeps a copy.
+        self.copy = None if factory == "Flat" else vectors.copy()
+        self._row: Optional[Dict[str, int]] = None  # id -> first row, built when first asked (caption indexes never are)
 
     def __len__(self) -> int:
         return self.index.ntotal
@@ -48,14 +58,49 @@ class EmbeddingIndex:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if len(ids) != len(vectors):
             raise ValueError(f"{len(ids)} ids but {len(vectors)} vectors")
+        start = len(self.ids)
         self.index.add(vectors)
         self.ids.extend(ids)
+        if self.copy is not None:
+            self.copy = np.concatenate([self.copy, vectors])
+        if self._row is not None:
+            for r, x in enumerate(ids, start):
+                self._row.setdefault(x, r)
 
-    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(scores [B, k'], rows [B, k']) with k' = min(k, size); rows are -1 where the index has fewer hits."""
+    def rows_of(self, ids: Sequence[str]) -> Tuple[np.ndarray, List[str]]:
+        """Row of each id (-1 when unknown) and the unknown ids (in request order, unique)."""
+        if self._row is None:
+            row: Dict[str, int] = {}
+            for r, x in enumerate(self.ids):
+                row.setdefault(x, r)
+            self._row = row
+        rows = np.array([self._row.get(x, -1) for x in ids], dtype=np.int64)
+        return rows, list(dict.fromkeys(x for x, r in zip(ids, rows) if r < 0))
+
+    def vectors(self, ids: Sequence[str]) -> Tuple[Optional[np.ndarray], List[str]]:
+        """The stored vectors [B, d] of the ids, or (None, the unknown ids)."""
+        rows, missing = self.rows_of(ids)
+        if missing:
+            return None, missing
+        if self.copy is not None:
+            return self.copy[rows], []
+        return np.stack([self.index.reconstruct(int(r)) for r in rows]).astype(np.float32), []
+
+    def search(self, queries: np.ndarray, k: int, exclude: Optional[Sequence[Optional[str]]] = None
+               ) -> Tuple[np.ndarray, np.ndarray]:
+        """(scores [B, k'], rows [B, k']) with k' = min(k, size); rows are -1 where the index has fewer hits.
+        `exclude[b]`: an id never returned to query b (a query image among its own results)."""
         k = min(int(k), len(self))
-        scores, rows = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        return scores, rows
+        if exclude is None:
+            return self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        drop, _ = self.rows_of(list(exclude))  # -1 (nothing to drop) for None and ids not in the index
+        # One more hit than asked: the excluded row is at most one of them.
+        scores, rows = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k + 1, len(self)))
+        gone = (rows == drop[:, None]) & (drop[:, None] >= 0)
+        keep = np.argsort(gone, axis=1, kind="stable")[:, :k]  # kept hits first, in their order
+        rows, scores = np.take_along_axis(rows, keep, 1), np.take_along_axis(scores, keep, 1)
+        cut = np.take_along_axis(gone, keep, 1)  # only when the index holds k rows or fewer
+        return scores, np.where(cut, -1, rows)
 
 
 def _on_gpu(index, device: Optional[torch.device]):
@@ -91,6 +136,26 @@ def embed_texts(backbone, texts: Sequence[str], batch_size: int = 256) -> np.nda
     return np.concatenate(out) if out else np.zeros((0, backbone.embed_dim), np.float32)
 
 
+def combine_query(image_embeddings: np.ndarray, text_embeddings: Optional[np.ndarray], image_weight: float) -> np.ndarray:
+    """Unit query vectors [B, e]: normalise(w x image + (1 - w) x text), or the image's alone without a text."""
+    image = np.asarray(image_embeddings, dtype=np.float32)
+    mix = image if text_embeddings is None else (
+        image_weight * image + (1.0 - image_weight) * np.asarray(text_embeddings, dtype=np.float32))
+    # A zero sum (opposite directions at w = 0.5) stays zero rather than NaN: every cosine is then 0.
+    norm = np.maximum(np.linalg.norm(mix, axis=1, keepdims=True), 1e-12)
+    return (mix / norm).astype(np.float32)
+
+
+def image_queries(index: EmbeddingIndex, backbone, image_ids: Sequence[str], texts: Optional[Sequence[str]],
+                  image_weight: float) -> Tuple[Optional[np.ndarray], List[str]]:
+    """Query vectors of (corpus image, text) queries (`texts` None: image-only), or (None, the unknown image ids)."""
+    images, missing = index.vectors(image_ids)
+    if missing:
+        return None, missing
+    text = None if texts is None else embed_texts(backbone, texts)
+    return combine_query(images, text, image_weight), []
+
+
 def read_image_embeddings(paths: Sequence[str], **expected) -> Tuple[List[str], np.ndarray, TableMetadata]:
     """image_id and image_embedding columns of token tables of any kind that agree on their backbone."""
     first = read_metadata(paths[0])
@@ -117,9 +182,18 @@ def _dedupe(ids: List[str], vectors: np.ndarray) -> Tuple[List[str], np.ndarray]
     return [ids[i] for i in keep], vectors[keep]
 
 
+@dataclass
+class ImageQueryHits:
+    """The first stage's answer to a query that names a corpus image: hits and the query vector, or the unknown id."""
+
+    hits: List[Tuple[str, float]]
+    query_embedding: Optional[np.ndarray]  # [e]: the fused ranking rule's first-stage side (its cosine = the hit's)
+    missing: List[str]
+
+
 @serve.deployment
 class FirstStage:
-    """Text query -> top-k image ids by cosine similarity of pooled embeddings."""
+    """Text, image or mixed query -> top-k image ids by cosine similarity of pooled embeddings."""
 
     def __init__(self, token_tables: Sequence[str], index_factory: str = "Flat", pretrained_override: Optional[str] = None,
                  torch_threads: int = 1, live_dir: Optional[str] = None, device: Optional[str] = None):
@@ -153,6 +227,17 @@ class FirstStage:
         self.sync_live()
         scores, rows = self.index.search(embed_texts(self.backbone, [query]), k)
         return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
+
+    def search_image(self, image_id: str, query: Optional[str], image_weight: float, k: int) -> ImageQueryHits:
+        """Top-k (image id, cosine) for a corpus image and an optional text (`combine_query`), the image excluded."""
+        self.sync_live()
+        vectors, missing = image_queries(self.index, self.backbone, [image_id], None if query is None else [query],
+                                         image_weight)
+        if missing:
+            return ImageQueryHits([], None, missing)
+        scores, rows = self.index.search(vectors, k, exclude=[image_id])
+        hits = [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
+        return ImageQueryHits(hits, vectors[0], [])
 
     def embed(self, texts: List[str]) -> np.ndarray:
         """Normalised text embeddings [len(texts), e] (the fused ranking rule's first-stage side)."""

@@ -1,15 +1,15 @@
 """HTTP ingress (FastAPI, built per replica from the ServeConfig): rerank, search, negatives, images, health and info.
 
-Routes: POST /v1/rerank (Jina shape), /v2/rerank (Cohere shape), /v1/rerank/texts, /v1/search
-(only with a checkpoint), /v1/images (with a checkpoint and a live_dir), /v1/negatives (only with
-a miner); GET /healthz, /v1/info; OpenAPI at /openapi.json and /docs. The bearer token is checked
-first, by a middleware, before the body is read or validated: every route but PUBLIC_PATHS answers
-401 without it, whatever the body. A feature that is not deployed has no route (404), never a 5xx. The
-request models come from `ServeConfig.api_limits()`, so the limits that the server enforces (422)
-are the ones the OpenAPI schema states. Unknown image ids are 404 (named). A downstream replica
-that dies mid-request is answered 503 (retry); Serve replaces the replica. Scored responses carry
-`X-EDJE-Replica` (the reranker replica) and `X-EDJE-Batch-Pairs` (pairs in the forward pass that
-scored them: > 1 when dynamic batching merged requests).
+Routes: POST /v1/rerank (Jina shape), /v2/rerank (Cohere shape), /v1/rerank/texts, /v1/search (only with a
+checkpoint; by text, by a corpus image + a text, or by a corpus image alone), /v1/images (with a checkpoint
+and a live_dir), /v1/negatives (only with a miner); GET /healthz, /v1/info; OpenAPI at /openapi.json and
+/docs. The bearer token is checked first, by a middleware, before the body is read or validated: every route
+but PUBLIC_PATHS answers 401 without it, whatever the body. A feature that is not deployed has no route (404),
+never a 5xx. The request models come from `ServeConfig.api_limits()`, so the limits that the server enforces
+(422) are the ones the OpenAPI schema states. Unknown image ids are 404 (named). A downstream replica that
+dies mid-request is answered 503 (retry); Serve replaces the replica. Scored responses carry `X-EDJE-Replica`
+(the reranker replica) and `X-EDJE-Batch-Pairs` (pairs in the forward pass that scored them: > 1 when dynamic
+batching merged requests).
 """
 # No `from __future__ import annotations` here: FastAPI must see the real request types on the routes.
 import asyncio
@@ -20,6 +20,7 @@ import logging
 import uuid
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 from fastapi import FastAPI, HTTPException, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -165,10 +166,14 @@ class Ingress:
             raise HTTPException(status, f"{'temporarily unavailable, retry' if status == 503 else 'internal error'}: {kind}")
 
     async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False,
-                    images: Optional[Dict[int, bytes]] = None):
-        """The reranker's Scores; 404 naming unknown ids, 422 naming an undecodable image; replica and batch headers."""
+                    images: Optional[Dict[int, bytes]] = None, query_embedding: Optional[np.ndarray] = None):
+        """The reranker's Scores; 404 naming unknown ids, 422 naming an undecodable image; replica and batch headers.
+        `query_embedding` [e]: the first-stage query of every pair when it is not the text's own (mixed-modal search)."""
         text_emb = None
-        if self.ranking.first_stage_weight:
+        if self.ranking.first_stage_weight and query_embedding is not None:
+            # Fused rule, mixed-modal query: the cosine added is the one the first stage ranked by.
+            text_emb = np.repeat(np.asarray(query_embedding, np.float32)[None], len(texts), axis=0)
+        elif self.ranking.first_stage_weight:
             # Fused rule: the reranker adds w x cosine(text, image) to each ITM logit.
             unique = list(dict.fromkeys(texts))
             emb = await self.call(self.first_stage.embed, unique)
@@ -239,14 +244,35 @@ def build_api(ing: Ingress) -> FastAPI:
                        for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
             return RerankResponse(model=req.model or name, results=results, usage=ing.usage(req.texts))
 
-        @app.post("/v1/search", response_model=SearchResponse, response_model_exclude_none=True, responses=ERRORS,
-                  dependencies=secured, summary="Text-to-image search: first stage top_k, reranked by the joint encoder, best top_n")
+        @app.post("/v1/search", response_model=SearchResponse, response_model_exclude_none=True,
+                  responses={**ERRORS, **NOT_FOUND}, dependencies=secured,
+                  summary="Search by text, by a corpus image and a text that modifies it, or by an image alone: "
+                          "first stage top_k, reranked against the text by the joint encoder, best top_n")
         async def search(req: SearchRequest, response: Response):
-            hits = await ing.call(ing.first_stage.search, req.query, req.top_k)
+            query_embedding = None
+            if req.image is None:
+                hits = await ing.call(ing.first_stage.search, req.query, req.top_k)
+            else:
+                found = await ing.call(ing.first_stage.search_image, req.image, req.query, req.image_weight, req.top_k)
+                if found.missing:
+                    raise HTTPException(404, f"unknown image ids: {found.missing}")
+                hits, query_embedding = found.hits, found.query_embedding
             if not hits:
-                return SearchResponse(model=req.model or name, results=[], usage=Usage(total_tokens=0))
+                return SearchResponse(model=req.model or name, results=[], usage=Usage(total_tokens=0),
+                                      reranked=req.query is not None)
             ids = [h[0] for h in hits]
-            scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=True)
+            if req.query is None:
+                # Image-only: the joint encoder scores a text against an image, and there is no text. The first
+                # stage's order is the answer (image-to-image cosine), said so by reranked=false.
+                shown = hits[: req.top_n or req.top_k]
+                urls = await ing.call(ing.reranker.image_urls, [h[0] for h in shown])
+                results = [SearchResult(image_id=i, relevance_score=c, first_stage_score=c, url=u)
+                           for (i, c), u in zip(shown, urls)]
+                return SearchResponse(model=req.model or name, results=results, usage=Usage(total_tokens=0),
+                                      reranked=False)
+            # Text and mixed-modal queries rank alike: the reranker scores the text against each candidate.
+            scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=True,
+                                     query_embedding=query_embedding)
             results = [SearchResult(image_id=ids[i], relevance_score=s, first_stage_score=hits[i][1], url=scores.urls[i])
                        for i, s in _ranked(scores.logits, req.top_n or req.top_k, req.raw_scores, ranking)]
             return SearchResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)))

@@ -165,6 +165,12 @@ class Reranker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, self.live.add, data, image_id, url)
 
+    def image_urls(self, image_ids: List[str]) -> List[Optional[str]]:
+        """Source urls of corpus images (None where unknown): what an unscored result (image-only search) echoes."""
+        self.live.sync()
+        rows, _ = self.store.rows(image_ids)
+        return [self.store.urls[r] if r >= 0 else None for r in rows]
+
     def info(self) -> dict:
         """Device, precision, batching settings and token store of this replica."""
         self.live.sync()

@@ -170,6 +170,37 @@ def test_embedding_index_is_inner_product():
     np.testing.assert_allclose(scores[0], [0.9, 0.2], rtol=1e-6)
 
 
+@pytest.mark.parametrize("factory", ["Flat", "HNSW8"])
+def test_embedding_index_gives_rows_back_and_excludes_a_query_image(factory):
+    """Mixed-modal search's first-stage pieces: a stored vector by id (exact, whatever the index), exclusion."""
+    from serving.first_stage import combine_query
+
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(30, 8)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    ids = [f"i{j}" for j in range(30)]
+    idx = EmbeddingIndex(ids, v, factory)
+    got, missing = idx.vectors(["i4", "i9"])
+    np.testing.assert_array_equal(got, v[[4, 9]])  # the table's vectors, not an index's approximation
+    assert missing == [] and idx.vectors(["nope", "i1", "nope"]) == (None, ["nope"])
+    scores, rows = idx.search(v[[4, 9]], 5, exclude=["i4", None])
+    assert 4 not in rows[0] and rows[1][0] == 9  # excluded for the first query only
+    full_s, full_r = idx.search(v[[4]], 6)
+    np.testing.assert_array_equal(rows[0], full_r[0][1:])  # the rest keep their order and scores
+    np.testing.assert_allclose(scores[0], full_s[0][1:], rtol=1e-6)
+    _, rows = idx.search(v[[4]], 100, exclude=["i4"])  # more than the index holds: all but the excluded one
+    assert rows.shape == (1, 30) and 4 not in rows[0]
+    if factory == "Flat":  # exact; HNSW may miss some rows of a full-corpus search
+        assert sorted(rows[0][rows[0] >= 0]) == [r for r in range(30) if r != 4]
+    idx.add(["live"], -v[:1])  # a live image is found by id too
+    np.testing.assert_allclose(idx.vectors(["live"])[0], -v[:1])
+    q = combine_query(v[:2], v[2:4], 0.25)
+    expected = 0.25 * v[:2] + 0.75 * v[2:4]
+    np.testing.assert_allclose(q, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(combine_query(v[:2], None, 0.5), v[:2], rtol=1e-6)
+    assert np.isfinite(combine_query(v[:1], -v[:1], 0.5)).all()  # opposite directions: zero, not NaN
+
+
 def test_neighbour_batch_puts_anchors_first_then_neighbours_round_robin():
     mined = MinedNegatives(image_ids=[["x", "y"], ["x", "z"]], captions=[[], []], caption_image_ids=[[], []])
     assert neighbour_batch(["a", "b"], mined, 4) == ["a", "b", "x", "y"]
