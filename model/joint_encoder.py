@@ -4,6 +4,11 @@ Image positions carry the adapter output in place of word embeddings and token t
 Heads: ITM (BERT pooler + linear -> one logit), MLM (BERT's own LM head, caption tokens only),
 text-embedding recovery (text-only [CLS] -> linear -> the backbone's text-embedding width).
 `score(texts, image_tokens)` is the one scoring path for training, evaluation and serving.
+
+With `itm_input="global"` (the thesis chapter's feature fusion, a baseline): BERT reads the caption
+alone, the image is ONE vector (the mean of the adapter's output tokens), and the ITM logit is an MLP
+over [t, v, t*v, |t-v|] of the text [CLS] t and that vector v; MLM fuses v into each caption position's
+hidden state just before the LM head. No image token ever enters BERT.
 """
 from __future__ import annotations
 
@@ -48,9 +53,13 @@ class JointEncoder(nn.Module):
         hidden = self.bert.config.hidden_size
         self.max_length = cfg.max_text_tokens + 3 + cfg.num_image_tokens
         extend_position_embeddings(self.bert, self.max_length)
-        self.itm_head = nn.Sequential(BertPooler(self.bert.config), nn.Linear(hidden, 1))
+        if cfg.itm_input == "global":
+            self.itm_head = GlobalITMHead(hidden)
+        else:
+            self.itm_head = nn.Sequential(BertPooler(self.bert.config), nn.Linear(hidden, 1))
         self.recovery_head = nn.Linear(hidden, cfg.text_embed_dim)
         self.word_context = WordContext(hidden, cfg.word_context) if cfg.word_context else None
+        self.mlm_fusion = GlobalMLMFusion(hidden) if cfg.itm_input == "global" else None
         # Captions recur across training steps (and queries across requests): tokenise each once.
         self.wordpiece_cache = wordpieces.WordpieceCache()
 
@@ -60,7 +69,12 @@ class JointEncoder(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.itm_head[1].weight.device
+        return self.recovery_head.weight.device
+
+    @property
+    def global_itm(self) -> bool:
+        """True when the ITM head reads one global image vector, never the image tokens."""
+        return self.config.itm_input == "global"
 
     # ------------------------------------------------------------ inputs
     def tokenize_pairs(self, texts: Sequence[str], num_image_tokens: int) -> PairBatch:
@@ -127,6 +141,12 @@ class JointEncoder(nn.Module):
 
     def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
         """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
+        if self.global_itm:
+            self.check_image_tokens(texts, image_tokens)
+            # BERT runs once per distinct caption (a query repeated over its k candidates runs once).
+            input_ids, attention, inverse = self._text_inputs(texts, image_tokens.device, per_pair=False)
+            hidden = self._text_hidden(input_ids, attention, self._caption_positions(input_ids, attention))
+            return self.itm_head(hidden[:, 0][inverse.to(hidden.device)], global_image_vector(image_tokens))
         hidden, _ = self.encode_pairs(texts, image_tokens)
         return self.itm_head(hidden).squeeze(-1)
 
@@ -138,6 +158,8 @@ class JointEncoder(nn.Module):
         """Mask `mask_prob` of caption wordpieces (never special or image tokens), or the positions
         `mask_policy(batch, generator)` picks among them; returns (logits, labels)."""
         self.check_image_tokens(texts, image_tokens)
+        if self.global_itm:
+            return self._global_mlm_logits(texts, image_tokens, mask_prob, generator, mask_policy)
         batch = self._pair_batch(texts, image_tokens.shape[1], image_tokens.device)
         if mask_policy is not None:
             masked = batch.text_mask & mask_policy(batch, generator)
@@ -151,6 +173,51 @@ class JointEncoder(nn.Module):
         sel = batch.text_mask
         return self.bert.cls(hidden[sel]), labels[sel]
 
+    def _global_mlm_logits(self, texts, image_tokens, mask_prob, generator, mask_policy):
+        """MLM of the global mode: BERT over the masked caption alone; each caption position's hidden state
+        is fused with its pair's global image vector just before the LM head (the image never enters BERT)."""
+        input_ids, attention, _ = self._text_inputs(texts, image_tokens.device, per_pair=True)
+        text_mask = self._caption_positions(input_ids, attention)
+        # The masking policies read a PairBatch: a text-only one (no image positions) with the same fields.
+        batch = PairBatch(input_ids, attention, torch.zeros_like(input_ids), torch.zeros_like(text_mask), text_mask)
+        if mask_policy is not None:
+            masked = text_mask & mask_policy(batch, generator)
+        else:
+            draw = torch.rand(input_ids.shape, generator=generator).to(image_tokens.device)
+            masked = text_mask & (draw < mask_prob)
+        labels = torch.where(masked, input_ids, torch.full_like(input_ids, -100))
+        masked_ids = torch.where(masked, torch.full_like(input_ids, self.tokenizer.mask_token_id), input_ids)
+        hidden = self._text_hidden(masked_ids, attention, text_mask)
+        # The (vocab-wide) LM head runs on the masked positions alone: the only ones with labels.
+        sel = masked
+        rows = torch.arange(len(texts), device=hidden.device)[:, None].expand_as(sel)[sel]
+        fused = self.mlm_fusion(hidden[sel], global_image_vector(image_tokens)[rows])
+        return self.bert.cls(fused), labels[sel]
+
+    def _text_inputs(self, texts: Sequence[str], device: torch.device, per_pair: bool):
+        """`[CLS] caption [SEP] [PAD]...` ids and attention: one row per text (per_pair) or per distinct text;
+        returns (input_ids, attention, inverse index [B] into the rows)."""
+        rows, inverse = self._caption_wordpieces(texts)
+        tok = self.tokenizer
+        fields = wordpieces.text_rows(rows, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
+        if per_pair:
+            input_ids, attention = _gather(fields, inverse, device)
+            return input_ids, attention, torch.arange(len(texts))
+        input_ids, attention = (f.to(device) for f in fields)
+        return input_ids, attention, inverse
+
+    def _caption_positions(self, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        tok = self.tokenizer
+        return attention.bool() & (input_ids != tok.cls_token_id) & (input_ids != tok.sep_token_id)
+
+    def _text_hidden(self, input_ids: torch.Tensor, attention: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+        """BERT's sequence output over text-only rows (token type 0), word context on caption positions."""
+        emb = self.bert.get_input_embeddings()(input_ids)
+        if self.word_context is not None:
+            emb = self.word_context(emb, text_mask)
+        return self.bert.bert(inputs_embeds=emb, attention_mask=attention,
+                              token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
+
     def text_embedding(self, texts: Sequence[str]) -> torch.Tensor:
         """Text-only [CLS] -> recovery head: predicted backbone text embedding [B, text_embed_dim]."""
         rows, inverse = self._caption_wordpieces(texts)
@@ -163,6 +230,45 @@ class JointEncoder(nn.Module):
             emb = self.word_context(emb, attention.bool() & ~specials)
         out = self.bert.bert(inputs_embeds=emb, attention_mask=attention, token_type_ids=torch.zeros_like(input_ids))
         return self.recovery_head(out.last_hidden_state[:, 0])
+
+
+def global_image_vector(image_tokens: torch.Tensor) -> torch.Tensor:
+    """The one image vector of the global mode: the mean of the adapter's output tokens [B, m, h] -> [B, h].
+    The backbone's own pooled embedding is a function of the mean of its tokens (fc_norm + head over the
+    average); here the trainable adapter shapes each token before the same average, as the thesis's trainable
+    image tower shapes its [I_CLS]. A mean is blind to the tokens' order: no token-level access."""
+    return image_tokens.mean(dim=1)
+
+
+class GlobalITMHead(nn.Module):
+    """Feature fusion (thesis chapter, with its 2-layer FFN head, and the usual [u, v, u*v, |u-v|] matching
+    features): LayerNorm both vectors, concatenate [t, v, t*v, |t-v|] -> Linear(4h, 4h) -> GELU -> Linear(4h, 1)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.text_norm = nn.LayerNorm(hidden)
+        self.image_proj = nn.Linear(hidden, hidden)
+        self.image_norm = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(4 * hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, 1))
+
+    def forward(self, text_cls: torch.Tensor, image_vector: torch.Tensor) -> torch.Tensor:
+        t = self.text_norm(text_cls)
+        v = self.image_norm(self.image_proj(image_vector.to(t.dtype)))
+        return self.mlp(torch.cat([t, v, t * v, (t - v).abs()], dim=-1)).squeeze(-1)
+
+
+class GlobalMLMFusion(nn.Module):
+    """The global mode's MLM conditioning: h + MLP([h, v]) at each caption position, before BERT's LM head.
+    The last layer starts at zero, so the MLM starts text-only and learns what to read from the image vector."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(2 * hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        nn.init.zeros_(self.mlp[2].weight)
+        nn.init.zeros_(self.mlp[2].bias)
+
+    def forward(self, hidden: torch.Tensor, image_vector: torch.Tensor) -> torch.Tensor:
+        return hidden + self.mlp(torch.cat([hidden, image_vector.to(hidden.dtype)], dim=-1))
 
 
 class WordContext(nn.Module):

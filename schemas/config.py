@@ -70,8 +70,15 @@ class JointEncoderConfig:
     # neighbours' (0 = off, BERT as published). Binding is written in word order ("red circle"); a
     # small encoder from scratch did not learn to read it through attention alone (BENCHMARKS.md).
     word_context: int = 0
+    # What the ITM head reads. "tokens" (EDJE): BERT over `[CLS] caption [SEP] <image>xm [SEP]`, the pooled
+    # [CLS] of the pair. "global" (the feature fusion of ../shared/reference/004, the thesis chapter): BERT over
+    # the caption alone; the image enters only as ONE vector, the mean of the adapter's output tokens, fused
+    # with the text [CLS] by an MLP over [t, v, t*v, |t-v|]; MLM reads that vector at the LM head only.
+    itm_input: Literal["tokens", "global"] = "tokens"
 
     def __post_init__(self) -> None:
+        if self.itm_input not in ("tokens", "global"):
+            raise ValueError(f"itm_input must be 'tokens' or 'global', got {self.itm_input!r}")
         if self.language_model is None and self.bert_config is None:
             raise ValueError("JointEncoderConfig needs language_model or bert_config")
         if self.tokenizer is None and self.language_model is None:

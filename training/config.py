@@ -28,6 +28,7 @@ class ModelSpec:
     bert_config: Optional[Tuple[Tuple[str, int], ...]] = None
     max_text_tokens: int = 64
     word_context: int = 0  # JointEncoderConfig.word_context: neighbouring caption words folded into each word's input
+    itm_input: Literal["tokens", "global"] = "tokens"  # JointEncoderConfig.itm_input: "global" = one pooled image vector
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,9 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     m.add_argument("--word-context", type=int, default=s.word_context,
                    help="odd kernel width of a convolution folding neighbouring caption words into each word's "
                    "input embedding (0 = plain BERT)")
+    m.add_argument("--itm-input", choices=["tokens", "global"], default=s.itm_input,
+                   help="tokens: BERT over caption + image tokens (EDJE); global: BERT over the caption alone and "
+                   "the image as one vector (mean of the adapter's tokens) fused with the text [CLS] (a baseline)")
     m.add_argument("--random-bert", nargs="+", metavar="FIELD=INT",
                    help="random-init BERT of this shape (e.g. hidden_size=128 num_hidden_layers=4 "
                    "num_attention_heads=4 intermediate_size=512) with the language model's tokenizer")
@@ -215,7 +218,7 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
     spec = ModelSpec(adapter=a.adapter, num_queries=a.num_queries, adapter_hidden=a.adapter_hidden,
                      adapter_heads=a.adapter_heads, adapter_position=a.adapter_position, language_model=a.language_model,
                      encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens, word_context=a.word_context,
-                     bert_config=_bert_fields(a.random_bert))
+                     itm_input=a.itm_input, bert_config=_bert_fields(a.random_bert))
     weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
     weights.update({k: float(v) for k, v in a.loss_weight})
     return TrainJobConfig(

@@ -40,7 +40,8 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
                               hidden_dim=spec.adapter_hidden, num_queries=spec.num_queries, num_heads=spec.adapter_heads,
                               position=spec.adapter_position),
         encoder=JointEncoderConfig(tokenizer=lm, bert_config=_plain(bert.to_dict()), max_text_tokens=spec.max_text_tokens,
-                                   num_image_tokens=m, text_embed_dim=meta.embed_dim, word_context=spec.word_context),
+                                   num_image_tokens=m, text_embed_dim=meta.embed_dim, word_context=spec.word_context,
+                                   itm_input=spec.itm_input),
     )
 
 
@@ -62,7 +63,8 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
         cfg = replace(cfg, adapter=replace(cfg.adapter, output_dim=source.encoder.hidden_size),
                       encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
                                       bert_config=enc.bert_config or cfg.encoder.bert_config,
-                                      max_text_tokens=enc.max_text_tokens))
+                                      max_text_tokens=enc.max_text_tokens, itm_input=enc.itm_input,
+                                      word_context=enc.word_context))
         model = EDJEModel(cfg, load_language_model=False)
         load_state(model.encoder, source.encoder.state_dict(), init_encoder_from)
     elif spec.bert_config is not None:
