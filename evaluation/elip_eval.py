@@ -43,6 +43,7 @@ class ELIPEvalConfig:
     queries_per_call: int = 16  # queries re-encoded together: k x this pairs per backbone call
     image_batch: int = 128
     threads: Optional[int] = 1
+    backbone_pretrained: Optional[str] = None  # override the checkpoint's backbone weights path (e.g. a frozen copy)
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -142,7 +143,7 @@ def evaluate_elip(cfg: ELIPEvalConfig) -> Dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t0 = time.time()
-    model = load_elip(cfg.checkpoint)
+    model = load_elip(cfg.checkpoint, pretrained=cfg.backbone_pretrained)
     ann = first_captions(load_annotations(cfg.annotations), cfg.max_queries_per_image)
     t = time.perf_counter()
     tokens, own_emb = image_inputs(model, ann.image_paths, cfg.image_batch)
@@ -173,10 +174,12 @@ def main(argv=None) -> None:
     p.add_argument("--max-queries-per-image", type=int, default=1, help="0: every caption")
     p.add_argument("--queries-per-call", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backbone-pretrained", help="override the backbone checkpoint path recorded with the mapper")
     a = p.parse_args(argv)
     m = evaluate_elip(ELIPEvalConfig(checkpoint=a.checkpoint, annotations=a.annotations, output=a.output,
                                      tokens=a.tokens, k=a.k, max_queries_per_image=a.max_queries_per_image or None,
-                                     queries_per_call=a.queries_per_call, threads=a.threads))
+                                     queries_per_call=a.queries_per_call, threads=a.threads,
+                                     backbone_pretrained=a.backbone_pretrained))
     print(json.dumps({k: m[k] for k in ("t2i", "cost")}, indent=2))
 
 

@@ -9,6 +9,7 @@ codec, to measure int8/int4 storage); compressed tables' tokens go straight to t
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -228,7 +229,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     example_grid(ann, t2i, out / "examples.png", cfg.examples, reranked=not cfg.backbone_only)
     timings["total_s"] = round(time.time() - t0, 2)
     run = {"config": asdict(cfg), "table": asdict(meta), "queries": {"t2i": len(ann.captions), "i2t": ann.num_images},
-           "timings": timings, "torch_threads": torch.get_num_threads(), "device": str(device)}
+           "timings": timings, "torch_threads": torch.get_num_threads(), "device": str(device),
+           # what else ran on this machine while it did: the timings' context (1, 5, 15 min load averages)
+           "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return metrics
 

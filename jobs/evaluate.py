@@ -4,6 +4,10 @@
       --checkpoint checkpoints/edje-c64-distilled --k 10 --output runs/eval
 Writes metrics.json ({"t2i": {"first_stage": {...}, "reranked": {...}}, "i2t": {...}}), metrics.md,
 examples.png and run.json (config, timings) to --output.
+
+  python jobs/evaluate.py --compare benchmarks/comparison_seed57.json --output runs/compare57
+Reads the evaluation outputs a spec names into one table of reranker designs over the same first stage
+(evaluation/compare.py; refused when their first stages differ) and writes comparison.md/json to --output.
 """
 from __future__ import annotations
 
@@ -17,14 +21,12 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from evaluation.rerank_eval import EvalConfig, evaluate  # noqa: E402
-
 
 def main(argv=None) -> None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--annotations", required=True, help="Flickr30k/COCO Karpathy JSON; image paths relative to it")
-    p.add_argument("--tokens", nargs="+", required=True, help="token tables (raw or compressed): files or folders")
+    p.add_argument("--annotations", help="Flickr30k/COCO Karpathy JSON; image paths relative to it")
+    p.add_argument("--tokens", nargs="+", help="token tables (raw or compressed): files or folders")
     p.add_argument("--checkpoint", help="EDJE checkpoint dir (not needed with --backbone-only)")
     p.add_argument("--k", type=int, default=10, help="first-stage candidates reranked per query")
     p.add_argument("--output", required=True)
@@ -48,7 +50,17 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", default="auto",
                    help="text tower, adapter and joint encoder: auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--compare", metavar="SPEC.json",
+                   help="instead of evaluating: one table of the evaluation outputs SPEC names (evaluation/compare.py), "
+                   "written as comparison.md/json to --output")
     a = p.parse_args(argv)
+    if a.compare:
+        from evaluation.compare import compare, markdown
+        print(markdown(compare(a.compare, a.output)))
+        return
+    if not a.annotations or not a.tokens:
+        p.error("--annotations and --tokens are required (unless --compare)")
+    from evaluation.rerank_eval import EvalConfig, evaluate  # here: --compare needs neither torch models nor FAISS
     cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
                      backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity,
                      fit_first_stage_weight=a.fit_first_stage_weight,

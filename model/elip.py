@@ -14,7 +14,7 @@ order (patch_embed, _pos_embed, patch_drop, norm_pre | blocks, norm) and then it
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -147,10 +147,14 @@ class ELIPReranker(nn.Module):
         return out
 
 
-def load_elip(folder: str | Path, backbone: Optional[VisionBackbone] = None) -> ELIPReranker:
-    """An ELIPReranker from a folder written by `ELIPReranker.save`."""
+def load_elip(folder: str | Path, backbone: Optional[VisionBackbone] = None,
+              pretrained: Optional[str] = None) -> ELIPReranker:
+    """An ELIPReranker from a folder written by `ELIPReranker.save`; `pretrained` overrides the recorded backbone
+    weights' path (a moved or frozen copy of the same backbone: the mapper was trained on that one)."""
     folder = Path(folder)
     cfg = ELIPConfig(**json.loads((folder / CONFIG).read_text())["config"])
+    if pretrained:
+        cfg = replace(cfg, pretrained=pretrained)
     model = ELIPReranker(cfg, backbone)
     model.mapper.load_state_dict(load_file(str(folder / WEIGHTS)))
     return model.eval()
