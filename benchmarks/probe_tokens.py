@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from evaluation.annotations import load_images  # noqa: E402
 from evaluation.probes import run_probes  # noqa: E402
+from evaluation.recall import embedding_recall  # noqa: E402
 from model.backbone import VisionBackbone  # noqa: E402
 from sampleworld import WorldConfig, generate, load_world  # noqa: E402
 from schemas.config import BackboneConfig  # noqa: E402
@@ -50,14 +51,27 @@ def probe_backbone(cfg: BackboneConfig, world_dir: str | Path, train_images: int
     backbone = VisionBackbone.create(cfg)
     world = load_world(world_dir)
     start = time.time()
-    results = run_probes(encode_split(backbone, world, "train", train_images),
-                         encode_split(backbone, world, "test", test_images))
+    test = encode_split(backbone, world, "test", test_images)
+    results = run_probes(encode_split(backbone, world, "train", train_images), test)
+    zero_shot = test_split_recall(backbone, world, test[1])
     rows = [r.as_dict() for r in results]
     for r in rows:
         r["threshold"] = THRESHOLDS[r["name"]]
         r["passes"] = r["accuracy"] >= r["threshold"]
     return {"backbone": cfg.name, "pretrained": cfg.pretrained, "feature_layer": cfg.feature_layer,
-            "world": str(world_dir), "seconds": round(time.time() - start, 1), "probes": rows}
+            "world": str(world_dir), "seconds": round(time.time() - start, 1), "probes": rows, "zero_shot": zero_shot}
+
+
+@torch.no_grad()
+def test_split_recall(backbone: VisionBackbone, world, image_emb: np.ndarray, batch: int = 256) -> dict:
+    """Zero-shot T2I / I2T R@1/5/10 (all captions of each image) on the test images `image_emb` was encoded from:
+    the first stage's recall, which a backbone recipe must not lower."""
+    records = [r for r in world.images if r.split == "test"][:len(image_emb)]
+    captions = [c for r in records for c in r.captions]
+    owner = np.repeat(np.arange(len(records)), [len(r.captions) for r in records])
+    text = np.concatenate([backbone.encode_text(captions[i:i + batch]).float().numpy()
+                           for i in range(0, len(captions), batch)])
+    return embedding_recall(text, image_emb, owner)
 
 
 def main(argv=None) -> int:
@@ -87,6 +101,8 @@ def main(argv=None) -> int:
     for r in result["probes"]:
         print(f"{r['name']:16s} {r['accuracy']:7.1f} {r['baseline']:7.1f} {r['threshold']:7.1f}"
               f"  {'pass' if r['passes'] else 'FAIL'}")
+    for direction, rec in result["zero_shot"].items():
+        print(f"zero-shot {direction} R@1/5/10 on the test split: " + " / ".join(f"{rec[f'r{k}']:.1f}" for k in (1, 5, 10)))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     return 1 if a.check and not all(r["passes"] for r in result["probes"]) else 0
