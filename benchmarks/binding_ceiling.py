@@ -56,9 +56,14 @@ def main(argv=None) -> dict:
     p.add_argument("--cpus", type=float, default=2.0, help="CPUs of the one training worker")
     p.add_argument("--tokens", choices=["scene", "backbone"], default="scene",
                    help="scene: perfect tokens (the ceiling); backbone: the same recipe on the backbone's own tokens")
+    p.add_argument("--init-encoder-from", default=None,
+                   help="start the joint encoder from this EDJE checkpoint (a fresh adapter for these tables' tokens; "
+                        "no curriculum phase): how a reranker is retrained on a new backbone's tokens")
     p.add_argument("--recipe", nargs=argparse.REMAINDER, default=None,
                    help="replace the recipe's pretrain.py options (everything after this flag)")
     a = p.parse_args(argv)
+    if a.init_encoder_from:
+        a.phase1_steps = 0  # the encoder has been through the curriculum already
     work = Path(a.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     world, single, tables = work / "world", work / "world1", work / "tables"
@@ -85,7 +90,7 @@ def main(argv=None) -> dict:
           tables / "val.parquet", log)
     common = ["--storage-path", work / "train", "--num-workers", 1, "--cpus-per-worker", a.cpus, "--epochs", 1000,
               "--lr", a.lr, "--warmup-steps", a.warmup_steps, "--log-every", 20]
-    start = []
+    start = ["--init-encoder-from", Path(a.init_encoder_from).resolve()] if a.init_encoder_from else []
     if a.phase1_steps:
         phase1 = work / "model_phase1"
         stage(work, "pretrain_phase1", [PY, "jobs/pretrain.py", "--tables", tables / "train1", "--name", "phase1",
@@ -97,7 +102,7 @@ def main(argv=None) -> dict:
     stage(work, "pretrain", [PY, "jobs/pretrain.py", "--tables", tables / "train", "--name", "ceiling",
                              "--batch-size", a.batch_size, "--max-steps", a.steps,
                              "--checkpoint-every", max(50, min(100, a.steps // 4)), "--export", model, *common, *start,
-                             *(a.recipe if a.recipe is not None else RECIPE + ([] if start else MODEL))],
+                             *(a.recipe if a.recipe is not None else RECIPE + ([] if a.phase1_steps else MODEL))],
           model / "config.json", log)
     out = work / "eval"
     stage(work, "evaluate", [PY, "jobs/evaluate.py", "--annotations", world / "flickr30k_val.json",

@@ -126,6 +126,7 @@ def table_embeddings(ann: Annotations, paths: Sequence[str], model: ELIPReranker
     """The tables' pooled image embedding of each annotation image (the first stage EDJE's evaluation uses);
     ValueError when the tables were embedded by another backbone than the ELIP model's."""
     from schemas.token_table import read_token_tables, vector_matrix
+    from schemas.weights import check_weights
     from training.launch import expand_tables
 
     table, meta = read_token_tables(expand_tables(paths), columns=["image_id", "image_embedding"])
@@ -134,6 +135,7 @@ def table_embeddings(ann: Annotations, paths: Sequence[str], model: ELIPReranker
     if theirs.name != ours.backbone or Path(theirs.pretrained or "").name != Path(ours.pretrained or "").name:
         raise ValueError(f"tables embedded by {theirs.name} ({theirs.pretrained}), the ELIP model prompts "
                          f"{ours.backbone} ({ours.pretrained})")
+    check_weights(ours.pretrained, meta.pretrained_sha256, "ELIP model against the tables' first stage")
     rows = select_rows(ann, table.column("image_id").to_pylist())
     return vector_matrix(table.take(rows).column("image_embedding"))
 

@@ -24,6 +24,7 @@ from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, Sc
 from sampleworld.world import load_world
 from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, build_table, write_token_table
+from schemas.weights import weights_sha256
 
 
 def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
@@ -38,7 +39,8 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
     n, d = backbone.token_shape
     meta = TableMetadata(kind="raw", backbone=backbone.config.name, pretrained=backbone.config.pretrained,
                          feature_layer=backbone.config.feature_layer, num_tokens=n, width=d,
-                         quantization="fp16", embed_dim=backbone.embed_dim)
+                         quantization="fp16", embed_dim=backbone.embed_dim,
+                         pretrained_sha256=weights_sha256(backbone.config.pretrained))
     tokens, embs = [], []
     for i in range(0, ann.num_images, batch_size):
         t, e = backbone.encode(torch.from_numpy(load_images(ann.image_paths[i:i + batch_size])))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from schemas.config import BackboneConfig
+from schemas.weights import check_weights
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 open_clip.add_model_config(CONFIG_DIR)
@@ -176,6 +177,7 @@ class VisionBackbone(nn.Module):
             raise FileNotFoundError(f"backbone checkpoint {pretrained} does not exist")
         if pretrained and "://" in pretrained:
             pretrained = _fetch(pretrained)
+        check_weights(pretrained, cfg.weights_sha256, f"backbone {cfg.name}")
         clip = open_clip.create_model(cfg.name, pretrained=pretrained or None, device=device)
         return cls(clip, cfg).to(device)
 

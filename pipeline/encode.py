@@ -23,6 +23,7 @@ from model.codecs import TokenCodec
 from schemas.config import BackboneConfig, CodecConfig, from_dict
 from schemas.shipped import DEFAULT_BACKBONE
 from schemas.token_table import TableMetadata
+from schemas.weights import weights_sha256
 
 OK = "ok"
 
@@ -82,20 +83,8 @@ def _same_weights(given: Optional[str], recorded: Optional[str]) -> bool:
     repository, as shipped checkpoints record them), or a byte-identical copy."""
     if given == recorded or given is None or recorded is None:
         return given == recorded or given is None
-    from schemas.shipped import REPO_ROOT
-
-    if not os.path.isfile(recorded) and os.path.isfile(REPO_ROOT / recorded):
-        recorded = str(REPO_ROOT / recorded)
-    if os.path.isfile(given) and os.path.isfile(recorded):
-        return os.path.samefile(given, recorded) or _file_digest(given) == _file_digest(recorded)
-    return False
-
-
-def _file_digest(path: str) -> str:
-    import hashlib
-
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    digest = weights_sha256(given)
+    return digest is not None and digest == weights_sha256(recorded)
 
 
 def describe_model(spec: EncoderSpec) -> ModelInfo:
@@ -116,6 +105,7 @@ def describe_model(spec: EncoderSpec) -> ModelInfo:
         pretrained=spec.backbone.pretrained, feature_layer=spec.backbone.feature_layer,
         num_tokens=int(n), width=int(d), quantization=spec.quant, embed_dim=int(backbone.embed_dim),
         group_size=spec.group_size, adapter_hash=adapter_hash, compute_dtype=spec.compute_dtype,
+        pretrained_sha256=weights_sha256(spec.backbone.pretrained),
     )
     meta.codec  # noqa: B018 - raises CodecError now if the quantization does not fit the width
     return ModelInfo(backbone.preprocess.size, backbone.preprocess.resize_mode, meta)

@@ -22,6 +22,9 @@ class BackboneConfig:
     # "final" = post-norm last-layer tokens (what EDJE uses for SigLIP2);
     # "penultimate" = output of the second-to-last block (CLIP-style towers).
     feature_layer: FeatureLayer = "final"
+    # sha256 of the local weights file (None for a tag or random weights): VisionBackbone.create refuses
+    # a file that no longer holds these weights (schemas/weights.py).
+    weights_sha256: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.feature_layer not in ("final", "penultimate"):

@@ -58,12 +58,15 @@ class TableMetadata:
     # The arithmetic that made the tokens ("fp32" or "bf16", whatever the device): `quantization` is
     # how they are stored, this is how they were computed (ARCHITECTURE.md, "Precision").
     compute_dtype: str = "fp32"
+    # sha256 of the `pretrained` weights file (None for a tag): the same path with other weights is refused.
+    pretrained_sha256: Optional[str] = None
 
     def first_stage_backbone(self, pretrained_override: Optional[str] = None) -> BackboneConfig:
         """The backbone that embeds queries against this table's image embeddings (the first stage)."""
         if self.embedding_backbone:
             return BackboneConfig(self.embedding_backbone, pretrained_override or self.embedding_pretrained)
-        return BackboneConfig(self.backbone, pretrained_override or self.pretrained, self.feature_layer)
+        return BackboneConfig(self.backbone, pretrained_override or self.pretrained, self.feature_layer,
+                              self.pretrained_sha256)
 
     @property
     def codec(self) -> TokenCodec:

@@ -79,3 +79,35 @@ def test_backbone_is_built_and_probed_on_the_weights_device():
     bb = VisionBackbone.create(BackboneConfig("edje-tiny-clip"), device="meta")
     assert {t.device.type for t in [*bb.parameters(), *bb.buffers()]} == {"meta"}
     assert bb.token_shape[0] > 0 and bb.embed_dim > 0
+
+
+def test_a_weights_file_replaced_in_place_is_refused(tmp_path):
+    # A retrained backbone written over the shipped file must not silently pair with tables and
+    # checkpoints made from the old weights: the recorded sha256 catches it.
+    from schemas.weights import weights_sha256
+    from training.model_init import check_backbone, edje_config, ModelSpec
+    from schemas.token_table import TableMetadata
+
+    path = tmp_path / "tiny.safetensors"
+    torch.manual_seed(0)
+    save_file({k: v.contiguous() for k, v in open_clip.create_model("edje-tiny-clip").state_dict().items()}, str(path))
+    old = weights_sha256(str(path))
+    cfg = BackboneConfig("edje-tiny-clip", pretrained=str(path), weights_sha256=old)
+    VisionBackbone.create(cfg)  # the recorded weights: fine
+    meta = TableMetadata(kind="raw", backbone="edje-tiny-clip", pretrained=str(path), feature_layer="final",
+                         num_tokens=65, width=128, quantization="fp16", embed_dim=64, pretrained_sha256=old)
+    model_cfg = edje_config(ModelSpec(adapter="local", bert_config=(("hidden_size", 32), ("num_hidden_layers", 1),
+                                                                    ("num_attention_heads", 2), ("intermediate_size", 64))), meta)
+    assert model_cfg.backbone.weights_sha256 == old  # a checkpoint records the tables' weights
+    torch.manual_seed(1)
+    save_file({k: v.contiguous() for k, v in open_clip.create_model("edje-tiny-clip").state_dict().items()}, str(path))
+    new = weights_sha256(str(path))
+    assert new != old
+    with pytest.raises(ValueError, match="was replaced"):
+        VisionBackbone.create(cfg)
+    with pytest.raises(ValueError, match="was replaced"):
+        VisionBackbone.create(meta.first_stage_backbone())  # the query tower of a table made with the old weights
+    retrained = TableMetadata(**{**meta.__dict__, "pretrained_sha256": new})
+    with pytest.raises(ValueError, match="retrained backbone needs a retrained adapter"):
+        check_backbone(model_cfg, retrained, "old checkpoint")
+    assert weights_sha256("openai") is None and weights_sha256(None) is None  # tags have no file to hash

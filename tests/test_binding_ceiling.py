@@ -33,3 +33,20 @@ def test_ceiling_runs_through_the_jobs_on_perfect_tokens(tmp_path):
     assert config["config"]["encoder"]["word_context"] == 3
     times = json.loads((work / "times.json").read_text())
     assert {"world", "world1", "pretrain_phase1", "pretrain", "evaluate"} <= set(times)
+
+
+def test_a_reranker_is_retrained_on_a_backbones_tokens_from_a_shipped_encoder(tmp_path):
+    # How a new backbone ships with its reranker: the shipped joint encoder, a fresh adapter for the new tokens.
+    work, source = tmp_path / "retrain", ROOT / "checkpoints" / "edje-local-bind"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "binding_ceiling.py"), "--seed", "5", "--workdir", str(work),
+           "--tokens", "backbone", "--init-encoder-from", str(source), "--n-train", "48", "--n-val", "16",
+           "--steps", "2", "--batch-size", "8", "--warmup-steps", "1", "--cpus", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    config = json.loads((work / "model" / "config.json").read_text())["config"]
+    shipped = json.loads((source / "config.json").read_text())["config"]
+    assert config["encoder"]["bert_config"]["hidden_size"] == shipped["encoder"]["bert_config"]["hidden_size"]
+    assert config["encoder"]["word_context"] == shipped["encoder"]["word_context"] == 3
+    assert config["backbone"]["name"] == "edje-tiny-convvit" and config["adapter"]["kind"] == "local"
+    times = json.loads((work / "times.json").read_text())
+    assert "pretrain_phase1" not in times and {"pretrain", "evaluate"} <= set(times)

@@ -35,7 +35,7 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
         bert.num_hidden_layers = spec.encoder_layers
     m = spec.num_queries if spec.adapter == "compressed" else meta.num_tokens
     return EDJEConfig(
-        backbone=BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer),
+        backbone=BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer, meta.pretrained_sha256),
         adapter=AdapterConfig(kind=spec.adapter, input_dim=meta.width, output_dim=bert.hidden_size,
                               hidden_dim=spec.adapter_hidden, num_queries=spec.num_queries, num_heads=spec.adapter_heads,
                               position=spec.adapter_position),
@@ -88,6 +88,10 @@ def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str) -> None:
     if cfg.backbone.name != meta.backbone or cfg.backbone.feature_layer != meta.feature_layer:
         raise ValueError(f"{where}: trained on {cfg.backbone.name}/{cfg.backbone.feature_layer} tokens, "
                          f"the tables hold {meta.backbone}/{meta.feature_layer}")
+    mine, theirs = cfg.backbone.weights_sha256, meta.pretrained_sha256
+    if mine and theirs and mine != theirs:
+        raise ValueError(f"{where}: trained on backbone weights sha256 {mine[:16]}..., the tables were encoded with "
+                         f"{theirs[:16]}... ({meta.pretrained}): a retrained backbone needs a retrained adapter")
 
 
 def _plain(d: dict) -> dict:
