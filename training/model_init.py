@@ -55,7 +55,9 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
     cfg = edje_config(spec, meta)
     if init_encoder_from:
         source = load_checkpoint(init_encoder_from)
-        check_backbone(source.config, meta, init_encoder_from)
+        # Only the encoder is copied and the adapter is fresh: other weights of the same backbone are
+        # exactly the case this serves (a retrained backbone's reranker), so the weights are not compared.
+        check_backbone(source.config, meta, init_encoder_from, same_weights=False)
         # The encoder is copied whole, so its BERT shape and tokenizer are the source's.
         enc = source.config.encoder
         # The adapter feeds that encoder, so its output width is the source's hidden size, whatever
@@ -81,15 +83,16 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
     return model.train()
 
 
-def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str) -> None:
-    """Refuse a checkpoint whose adapter reads tokens of another backbone or width than the tables."""
+def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str, same_weights: bool = True) -> None:
+    """Refuse a checkpoint whose adapter reads tokens of another backbone or width than the tables
+    (same_weights: also of the same backbone with other recorded weights)."""
     if cfg.adapter.input_dim != meta.width:
         raise ValueError(f"{where}: adapter reads {cfg.adapter.input_dim}-wide tokens, the tables hold {meta.width}")
     if cfg.backbone.name != meta.backbone or cfg.backbone.feature_layer != meta.feature_layer:
         raise ValueError(f"{where}: trained on {cfg.backbone.name}/{cfg.backbone.feature_layer} tokens, "
                          f"the tables hold {meta.backbone}/{meta.feature_layer}")
     mine, theirs = cfg.backbone.weights_sha256, meta.pretrained_sha256
-    if mine and theirs and mine != theirs:
+    if same_weights and mine and theirs and mine != theirs:
         raise ValueError(f"{where}: trained on backbone weights sha256 {mine[:16]}..., the tables were encoded with "
                          f"{theirs[:16]}... ({meta.pretrained}): a retrained backbone needs a retrained adapter")
 
