@@ -85,7 +85,7 @@ def bare_loop(backbone_name: str, images: np.ndarray, captions: list, batch: int
               adapter: str | None = None, quant: str = "fp16", min_seconds: float = 10.0) -> tuple[float, float]:
     """images/s of the model alone (same work as the encoder stage); also returns FLOPs per image."""
     from model.backbone import VisionBackbone
-    from model.codecs import TokenCodec
+    from schemas.codecs import TokenCodec
     from pipeline.encode import _load_adapter
     from schemas.config import BackboneConfig, CodecConfig
 

@@ -85,6 +85,7 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,
                       live_dir=os.path.join(work, "live"), image_url_hosts=("127.0.0.1",),
+                      image_url_allow=("127.0.0.1/32",),  # the image server is on loopback, refused by default
                       reranker=DeploymentResources(num_cpus=1.0))
     serve.run(build(cfg), name="bench", route_prefix="/")
     url = f"http://127.0.0.1:{port}"

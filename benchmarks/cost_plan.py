@@ -77,7 +77,7 @@ def measure_decode_per_core(seconds: float = 5.0) -> float:
 
 
 def plan(args) -> str:
-    from model.codecs import bytes_per_image
+    from schemas.codecs import bytes_per_image
 
     vit = vit_flops_per_image()
     train = edje_train_flops_per_sample()

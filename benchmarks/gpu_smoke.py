@@ -19,7 +19,7 @@ generated here, with the shipped small backbone (checkpoints/edje-tiny-convvit-s
    tokens are checked against a CPU fp32 reference within the int8 codec's bound (half a step).
 4. `evaluate`: evaluation/rerank_eval.py (FAISS first stage, EDJE reranking) with `device=`, and its
    scores on the device against the same scores on the CPU.
-5. `serve`: the Serve reranker's scorer (serving/reranker.py PairScorer) on the device at fp32 and at
+5. `serve`: the Serve reranker's scorer (model/scoring.py PairScorer, as serving/reranker_core.py runs it) on the device at fp32 and at
    the served default precision ("auto"), against the evaluation's CPU fp32 scores; FirstStage and the
    miner (serving/first_stage.py, serving/miner.py) built in-process with `device=`.
 
@@ -175,7 +175,7 @@ class Smoke:
 
         info = describe_model(spec)
         actor = EncodeBatch(spec)
-        check(actor.device.type == self.device.type, f"EncodeBatch chose {actor.device}, expected {self.device}")
+        check(actor.encoder.device.type == self.device.type, f"EncodeBatch chose {actor.encoder.device}, expected {self.device}")
         data, tables = {}, []
         for sid, split in shards.items():
             ids, caps, pixels = self.images(split, info.image_size, info.resize_mode)
@@ -340,7 +340,7 @@ class Smoke:
         import torch
 
         from evaluation.rerank_eval import EvalConfig, evaluate, score_pairs
-        from model.edje import load_checkpoint
+        from model.scoring import PairScorer
         from sampleworld.world import annotation_path
         from schemas.token_table import decode_tokens, read_token_table
 
@@ -363,8 +363,9 @@ class Smoke:
         texts = caps or [r.captions[1] for r in self.world.images if r.split == "test"][:len(tokens)]
         idx = np.arange(len(tokens))[::-1].copy()
         texts = [texts[i % len(texts)] for i in range(len(tokens))]
-        on_cpu = score_pairs(load_checkpoint(self.checkpoint), texts, idx, tokens, 64)
-        on_dev = score_pairs(load_checkpoint(self.checkpoint).to(self.device), texts, idx, tokens.to(self.device), 64)
+        on_cpu = score_pairs(PairScorer.from_checkpoint(self.checkpoint, "cpu", "fp32", 64), texts, idx, tokens)
+        on_dev = score_pairs(PairScorer.from_checkpoint(self.checkpoint, self.device, "fp32", 64), texts, idx,
+                             tokens.to(self.device))
         diff = float(np.abs(on_cpu - on_dev).max())
         check(diff <= EVAL_DEVICE_TOL, f"evaluation logits on {self.device} differ from the CPU's by {diff:.3g}")
         return (f"on {run['device']}: T2I R@1 {metrics['t2i']['first_stage']['r1']} -> {metrics['t2i']['reranked']['r1']}, "
@@ -381,7 +382,8 @@ class Smoke:
         from sampleworld.world import annotation_path
         from serving.first_stage import FirstStage
         from serving.miner import Miner
-        from serving.reranker import PairChunk, PairScorer
+        from model.scoring import PairScorer
+        from serving.reranker_core import PairChunk, score_chunks
         from serving.token_store import TokenStore
 
         check(self.int8_table is not None, "needs the int8 table of encode-int8")
@@ -396,9 +398,9 @@ class Smoke:
             ref = reference.encoder.score(texts, torch.from_numpy(store.codec.decode(got.blob, got.scales))).numpy()
         lines = []
         for precision in ("fp32", "auto"):
-            scorer = PairScorer(self.checkpoint, store.meta, self.device, precision)
+            scorer = PairScorer.from_checkpoint(self.checkpoint, self.device, precision)
             check(next(scorer.model.parameters()).device.type == self.device.type, f"scorer on {scorer.device}")
-            logits = scorer.score_chunks([PairChunk(texts[:5], got.blob[:5], None if got.scales is None else got.scales[:5]),
+            logits = score_chunks(scorer, store.meta, [PairChunk(texts[:5], got.blob[:5], None if got.scales is None else got.scales[:5]),
                                           PairChunk(texts[5:], got.blob[5:], None if got.scales is None else got.scales[5:])])
             logits = np.concatenate(logits)
             check(np.isfinite(logits).all(), f"{precision}: non-finite logits")

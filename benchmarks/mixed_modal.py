@@ -31,7 +31,7 @@ import torch
 from evaluation.annotations import Annotations, load_annotations
 from evaluation.recall import recall, rerank
 from evaluation.rerank_eval import EvalConfig, image_tokens_for_encoder, score_pairs, select_rows, world_families
-from model.edje import load_checkpoint
+from model.scoring import PairScorer
 from model.ranking import RankingConfig, read_ranking
 from schemas.api import DEFAULT_IMAGE_WEIGHT
 from schemas.token_table import decode_tokens, read_token_tables
@@ -139,7 +139,7 @@ def _positions(unique: List[str], texts: Sequence[str]) -> np.ndarray:
 
 
 @torch.no_grad()
-def score_candidates(model, images: torch.Tensor, texts: Sequence[str], kinds: List[Candidates], batch: int) -> int:
+def score_candidates(scorer: PairScorer, images: torch.Tensor, texts: Sequence[str], kinds: List[Candidates]) -> int:
     """ITM logits of each reranked kind's (query text, candidate) pairs, every distinct pair scored once; returns
     the number scored. A pair's logit does not depend on the query that found it, only the fused cosine does."""
     unique = list(dict.fromkeys(texts))
@@ -147,7 +147,7 @@ def score_candidates(model, images: torch.Tensor, texts: Sequence[str], kinds: L
     n = images.shape[0]
     keys = [(text_id[:, None] * n + c.rows).ravel() for c in kinds if c.rerank]
     pairs, inverse = np.unique(np.concatenate(keys), return_inverse=True)
-    logits = score_pairs(model, [unique[p // n] for p in pairs], pairs % n, images, batch)
+    logits = score_pairs(scorer, [unique[p // n] for p in pairs], pairs % n, images)
     start = 0
     for c in (c for c in kinds if c.rerank):
         size = c.rows.size
@@ -189,16 +189,16 @@ def run(cfg: MixedModalConfig) -> Dict:
     queries = twin_queries(ann, families, cfg.caption)
     index = EmbeddingIndex(ann.image_ids, vectors)
     backbone = load_backbone(meta, cfg.backbone_pretrained, "cpu")
-    model = load_checkpoint(cfg.checkpoint).eval()
+    scorer = PairScorer.from_checkpoint(cfg.checkpoint, "cpu", "fp32", cfg.batch_size)
     eval_cfg = EvalConfig(annotations=str(ann.path), tokens=list(cfg.tokens), output="-", checkpoint=cfg.checkpoint,
                           batch_size=cfg.batch_size)
-    images = image_tokens_for_encoder(model, tmeta, tokens, eval_cfg)
+    images = image_tokens_for_encoder(scorer, tmeta, tokens, eval_cfg)
     timings = {"load_s": round(time.time() - t0, 1)}
     t = time.time()
     kinds = first_stages(cfg, index, backbone, queries)
     timings["first_stage_s"] = round(time.time() - t, 1)
     t = time.time()
-    timings["pairs_scored"] = score_candidates(model, images, [q.text for q in queries], kinds, cfg.batch_size)
+    timings["pairs_scored"] = score_candidates(scorer, images, [q.text for q in queries], kinds)
     timings["rerank_s"] = round(time.time() - t, 1)
     rule = read_ranking(cfg.checkpoint)
     results = recalls(kinds, queries, rule, cfg.k)

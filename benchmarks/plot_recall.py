@@ -4,7 +4,7 @@
 
 One point per variant that stores tokens: local (all backbone tokens), compressed-32/64/128,
 and the distilled compressed-64 at fp16 / int8 / int4; the backbone's own first stage is a
-horizontal line. Bytes per image come from the codec (model.codecs) for the variant's token
+horizontal line. Bytes per image come from the codec (schemas.codecs) for the variant's token
 count and the joint encoder's width, read from the variant's checkpoint.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from model.codecs import bytes_per_image  # noqa: E402
+from schemas.codecs import bytes_per_image  # noqa: E402
 
 # variant name in results.json -> (checkpoint folder under <workdir>/ckpt, storage codec)
 VARIANTS = {

@@ -22,11 +22,11 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from evaluation.annotations import load_images  # noqa: E402
 from evaluation.probes import run_probes  # noqa: E402
-from evaluation.recall import embedding_recall  # noqa: E402
 from model.backbone import VisionBackbone  # noqa: E402
+from model.recall import embedding_recall  # noqa: E402
 from sampleworld import WorldConfig, generate, load_world  # noqa: E402
+from schemas.annotations import load_images  # noqa: E402
 from schemas.config import BackboneConfig  # noqa: E402
 
 # What issue 9 asks of a backbone EDJE can rerank with.

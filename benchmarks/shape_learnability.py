@@ -21,8 +21,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import model.backbone  # noqa: E402,F401  registers the project's configs
-from evaluation.annotations import load_annotations, load_images  # noqa: E402
 from evaluation.probes import presence_labels  # noqa: E402
+from schemas.annotations import load_annotations, load_images  # noqa: E402
 from training.backbone import image_size, preprocess, world_records  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """One comparison table of reranker designs that share one first stage (issue 20).
 
 A small JSON spec names the rows: for each, the evaluation output it reads (the metrics.json that
-jobs/evaluate.py writes, with its run.json beside it, or the one evaluation/elip_eval.py writes) and
+jobs/evaluate.py writes, with its run.json beside it, or the one research/elip_eval.py writes) and
 what no metrics file holds: its command, its training minutes, its backbone passes per query, how its
 tokens are stored; or, for a row that was not measured, the reason. `build_table` reads them into
 typed rows and refuses, with the rows' first stages side by side, unless every measured row reranked
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from model.codecs import bytes_per_image
+from schemas.codecs import bytes_per_image
 
 TWIN_KINDS = ("colour", "shape", "size", "relation")
 KS = ("r1", "r5", "r10")
@@ -173,7 +173,7 @@ def _edje_row(spec: Mapping[str, Any], metrics: Mapping[str, Any], run: Mapping[
 
 
 def _elip_row(metrics: Mapping[str, Any], stage: str) -> Dict[str, Any]:
-    """Fields of a row read from evaluation/elip_eval.py's metrics.json (text-to-image only; cost inside)."""
+    """Fields of a row read from research/elip_eval.py's metrics.json (text-to-image only; cost inside)."""
     t2i, cost, cfg = metrics["t2i"], metrics.get("cost", {}), metrics.get("config", {})
     within = t2i.get("within_family", {})
     acc, pairs = _by_kind(within, stage)
@@ -206,7 +206,7 @@ def load_row(spec: Mapping[str, Any]) -> Row:
         raise ValueError(f"row {spec['name']!r}: stage must be 'reranked' or 'first_stage', got {stage!r}")
     path = Path(spec["metrics"])
     metrics = _read_json(path)
-    if "cost" in metrics and "queries" in metrics:  # evaluation/elip_eval.py
+    if "cost" in metrics and "queries" in metrics:  # research/elip_eval.py
         fields = _elip_row(metrics, stage)
     else:  # jobs/evaluate.py
         run_path = path.parent / "run.json"

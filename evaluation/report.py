@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from evaluation.annotations import Annotations  # noqa: E402
+from schemas.annotations import Annotations  # noqa: E402
 
 TOP = 5
 

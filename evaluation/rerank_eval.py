@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import faiss
 import numpy as np
 import torch
 
@@ -26,10 +25,13 @@ from evaluation.recall import (KS, i2t_answers, recall, rerank, t2i_answers, wit
 from model.backbone import VisionBackbone
 from model.codecs import TokenCodec
 from model.device import pick_device
-from model.edje import EDJEModel, load_checkpoint
+from model.edje import load_checkpoint
+from model.embedding_index import EmbeddingIndex
 from model.ranking import RankingConfig, read_ranking, write_ranking
+from model.scoring import PairScorer
 from schemas.config import CodecConfig
-from schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, read_token_tables, vector_matrix
+from schemas.token_table import (TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables,
+                                 vector_matrix)
 
 
 @dataclass(frozen=True)
@@ -93,41 +95,24 @@ def select_rows(ann: Annotations, table_ids: Sequence[str]) -> np.ndarray:
 
 def first_stage(queries: np.ndarray, items: np.ndarray, depth: int):
     """FAISS exact inner product: (scores [Q, depth], indices [Q, depth])."""
-    index = faiss.IndexFlatIP(items.shape[1])
-    index.add(np.ascontiguousarray(items, dtype=np.float32))
-    return index.search(np.ascontiguousarray(queries, dtype=np.float32), min(depth, items.shape[0]))
+    return EmbeddingIndex.exact(items).search(queries, depth)
 
 
-@torch.no_grad()
-def image_tokens_for_encoder(model: EDJEModel, meta: TableMetadata, tokens: np.ndarray, cfg: EvalConfig) -> torch.Tensor:
-    """Encoder-ready image tokens [N, m, h] on the model's device: the adapter over raw tokens (+ codec
+def image_tokens_for_encoder(scorer: PairScorer, meta: TableMetadata, tokens: np.ndarray, cfg: EvalConfig) -> torch.Tensor:
+    """Encoder-ready image tokens [N, m, h] on the scorer's device: the adapter over raw tokens (+ codec
     round trip), or stored tokens."""
-    device = next(model.parameters()).device
-    if meta.kind == "compressed":
-        if meta.adapter_hash != model.adapter_hash():
-            raise TableMismatchError("adapter_hash", meta.adapter_hash, model.adapter_hash())
-        if cfg.quant:
-            raise ValueError("--quant applies to raw tables; compressed tables are already stored quantized")
-        return torch.from_numpy(tokens).to(device)
-    if model.config.adapter.input_dim != meta.width or model.config.backbone.name != meta.backbone:
-        raise TableMismatchError("backbone", f"{meta.backbone} ({meta.width} wide)",
-                                 f"{model.config.backbone.name} ({model.config.adapter.input_dim} wide)")
-    out = torch.cat([model.adapter(torch.from_numpy(tokens[i:i + cfg.batch_size]).to(device))
-                     for i in range(0, len(tokens), cfg.batch_size)])
+    if meta.kind == "compressed" and cfg.quant:
+        raise ValueError("--quant applies to raw tables; compressed tables are already stored quantized")
+    out = scorer.encoder_tokens(meta, torch.from_numpy(tokens))
     if cfg.quant:
         codec = TokenCodec(CodecConfig(cfg.quant, cfg.group_size), out.shape[1], out.shape[2])
-        out = codec.decode_torch(*codec.encode_torch(out))
+        out = codec.decode_torch(*codec.encode_torch(out.float())).to(out.dtype)
     return out
 
 
-@torch.no_grad()
-def score_pairs(model: EDJEModel, texts: Sequence[str], image_index: np.ndarray, images: torch.Tensor, batch: int) -> np.ndarray:
-    """ITM logits for (texts[i], images[image_index[i]]) in batches (on the images' device), as float32 numpy."""
-    out = []
-    for i in range(0, len(texts), batch):
-        idx = torch.from_numpy(image_index[i:i + batch]).to(images.device)
-        out.append(model.encoder.score(list(texts[i:i + batch]), images[idx]).float().cpu().numpy())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
+def score_pairs(scorer: PairScorer, texts: Sequence[str], image_index: np.ndarray, images: torch.Tensor) -> np.ndarray:
+    """ITM logits for (texts[i], images[image_index[i]]) through the reranking core, as float32 numpy."""
+    return scorer.itm_logits(texts, images, image_index)
 
 
 def evaluate(cfg: EvalConfig) -> Dict:
@@ -141,8 +126,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
         keep = np.concatenate([c[:cfg.max_queries_per_image] for c in ann.image_to_captions()])
         keep.sort()
         ann = Annotations(ann.path, ann.image_ids, ann.image_paths, [ann.captions[j] for j in keep], ann.caption_image[keep])
-    from training.launch import expand_tables
-    table, meta = read_token_tables(expand_tables(cfg.tokens))
+    table, meta = read_token_tables(expand_paths(cfg.tokens))
     rows = select_rows(ann, table.column("image_id").to_pylist())
     table = table.take(rows)
     image_emb = vector_matrix(table.column("image_embedding"))
@@ -160,19 +144,20 @@ def evaluate(cfg: EvalConfig) -> Dict:
     timings = {"load_and_first_stage_s": round(t_first, 2)}
     model = None
     if not cfg.backbone_only:
-        model = load_checkpoint(cfg.checkpoint).to(device)
+        model = load_checkpoint(cfg.checkpoint)
+        scorer = PairScorer(model, read_ranking(cfg.checkpoint), device, "fp32", cfg.batch_size)
         t = time.time()
-        images = image_tokens_for_encoder(model, meta, decode_tokens(table, meta), cfg)
+        images = image_tokens_for_encoder(scorer, meta, decode_tokens(table, meta), cfg)
         timings["image_tokens_s"] = round(time.time() - t, 2)
         k = min(cfg.k, ann.num_images)
         t = time.time()
         q = np.repeat(np.arange(len(ann.captions)), k)
-        s_t2i = score_pairs(model, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images, cfg.batch_size).reshape(-1, k)
+        s_t2i = score_pairs(scorer, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images).reshape(-1, k)
         timings["rerank_t2i_s"] = round(time.time() - t, 2)
         t = time.time()
         kc = min(cfg.k, len(ann.captions))
         caps = i2t_idx[:, :kc].reshape(-1)
-        s_i2t = score_pairs(model, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images, cfg.batch_size).reshape(-1, kc)
+        s_i2t = score_pairs(scorer, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images).reshape(-1, kc)
         timings["rerank_i2t_s"] = round(time.time() - t, 2)
         timings["pairs_scored"] = int(len(ann.captions) * k + ann.num_images * kc)
 

@@ -22,7 +22,8 @@ from evaluation.annotations import load_annotations, load_images
 from model.backbone import VisionBackbone, default_feature_layer
 from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
 from sampleworld.world import load_world
-from schemas.config import BackboneConfig
+from model.token_encoder import TokenEncoder
+from schemas.config import BackboneConfig, CodecConfig
 from schemas.token_table import TableMetadata, build_table, write_token_table
 from schemas.weights import weights_sha256
 
@@ -41,10 +42,11 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
                          feature_layer=backbone.config.feature_layer, num_tokens=n, width=d,
                          quantization="fp16", embed_dim=backbone.embed_dim,
                          pretrained_sha256=weights_sha256(backbone.config.pretrained))
+    encoder = TokenEncoder(backbone, None, CodecConfig("fp16"), torch.device("cpu"))
     tokens, embs = [], []
     for i in range(0, ann.num_images, batch_size):
-        t, e = backbone.encode(torch.from_numpy(load_images(ann.image_paths[i:i + batch_size])))
-        tokens.append(t.float().numpy())
+        t, e = encoder.tokens(torch.from_numpy(load_images(ann.image_paths[i:i + batch_size])))
+        tokens.append(t.numpy())
         embs.append(e.numpy())
     tokens, embs = np.concatenate(tokens), np.concatenate(embs)
     if scene_tokens is not None:

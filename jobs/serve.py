@@ -52,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                  dynamic_batching=None if args.no_batching is None else not args.no_batching,
                  max_batch_pairs=args.max_batch_pairs, auth_token_env=args.auth_token_env,
                  torch_threads=args.torch_threads, live_dir=args.live_dir,
-                 image_url_hosts=args.image_url_hosts)
+                 image_url_hosts=args.image_url_hosts, image_url_allow=args.image_url_allow)
     base.update({k: v for k, v in flags.items() if v is not None})
     rr = dict(base.get("reranker") or {})
     for key, value in (("num_replicas", args.reranker_replicas), ("num_gpus", args.reranker_gpus),
@@ -89,6 +89,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--live-dir", help="shared folder of the live-image log (enables POST /v1/images; added images "
                    "persist there as token tables and are loaded at start)")
     p.add_argument("--image-url-hosts", nargs="+", help="hosts image urls may name (default: any)")
+    p.add_argument("--image-url-allow", nargs="+",
+                   help="non-public addresses image urls may reach: CIDRs, 'loopback' or host names "
+                        "(default: none; loopback, private and link-local addresses are refused)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--no-batching", action="store_true", default=None, help="disable @serve.batch dynamic batching")
     p.add_argument("--max-batch-pairs", type=int)

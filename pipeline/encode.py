@@ -8,7 +8,6 @@ codec, so only the stored bytes leave the actor.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import pyarrow as pa
 import torch
 
 from model.backbone import default_feature_layer
-from model.codecs import TokenCodec
+from model.token_encoder import COMPUTE_DTYPES
 from schemas.config import BackboneConfig, CodecConfig, from_dict
 from schemas.shipped import DEFAULT_BACKBONE
 from schemas.token_table import TableMetadata
@@ -28,7 +27,6 @@ from schemas.weights import weights_sha256
 OK = "ok"
 
 
-COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -123,23 +121,15 @@ class EncodeBatch:
     """Ray Data callable class: decoded images -> quantized token blobs + embeddings (pyarrow)."""
 
     def __init__(self, spec: EncoderSpec):
-        from model.backbone import VisionBackbone
+        from model.token_encoder import TokenEncoder
 
         threads = spec.torch_threads or _assigned_cpus()
         torch.set_num_threads(max(1, threads))
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.type == "cuda" and spec.compute_dtype == "fp32":
-            # cuDNN convolutions default to TF32 (10-bit mantissa): the patch stem would round like fp16.
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
-        self.compute_dtype = COMPUTE_DTYPES[spec.compute_dtype]
-        self.backbone = VisionBackbone.create(spec.backbone, device=self.device)
-        self.adapter = _load_adapter(spec.adapter)[0].to(self.device) if spec.adapter else None
-        n, d = self.backbone.token_shape
-        if self.adapter is not None:
-            n, d = self.adapter.config.output_tokens(n), self.adapter.config.output_dim
-        self.codec = TokenCodec(CodecConfig(spec.quant, spec.group_size), n, d)
-        self.with_text = self.adapter is None  # raw tables carry captions and their text embeddings
+        adapter = _load_adapter(spec.adapter)[0] if spec.adapter else None
+        self.encoder = TokenEncoder.create(spec.backbone, adapter, CodecConfig(spec.quant, spec.group_size),
+                                           torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                                           spec.compute_dtype)
+        self.with_text = adapter is None  # raw tables carry captions and their text embeddings
 
     @torch.no_grad()
     def __call__(self, batch: Dict[str, np.ndarray]) -> pa.Table:
@@ -153,21 +143,14 @@ class EncodeBatch:
         img_emb = [None] * b
         txt_emb = [None] * b
         if len(ok):
-            images = torch.from_numpy(np.ascontiguousarray(batch["image"][ok])).to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
-                tokens, emb = self.backbone.encode(images)
-                if self.adapter is not None:
-                    tokens = self.adapter(tokens)
-            blob, scale = self.codec.encode_torch(tokens.float())
-            blob = blob.cpu().numpy()
-            scale = scale.cpu().numpy() if scale is not None else None
-            emb = emb.float().cpu().numpy()
+            rows = self.encoder.encode(batch["image"][ok])
+            blob, scale, emb = rows.blob, rows.scales, rows.embeddings
             if self.with_text:
                 texts = [str(c) for c in np.asarray(batch["caption"], dtype=object)[ok]]
-                temb = self.backbone.encode_text(texts).float().cpu().numpy()
+                temb = self.encoder.encode_text(texts)
             for j, i in enumerate(ok):
                 blobs[i] = blob[j].tobytes()
-                scales[i] = scale[j].astype("<f2").tobytes() if scale is not None else None
+                scales[i] = scale[j].tobytes() if scale is not None else None
                 img_emb[i] = emb[j]
                 if self.with_text:
                     txt_emb[i] = temb[j]

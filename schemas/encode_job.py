@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-from schemas.config import BackboneConfig, CodecConfig
+from schemas.config import CodecConfig
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,3 @@ class EncodeJobConfig:
     def kind(self) -> str:
         """'compressed' with an adapter, 'raw' without."""
         return "compressed" if self.adapter else "raw"
-
-    def backbone_config(self) -> BackboneConfig:
-        """The backbone this job runs (after resolve_model filled in the defaults)."""
-        from model.backbone import default_feature_layer  # the model package registers its configs on import
-        from schemas.shipped import DEFAULT_BACKBONE
-        name = self.backbone or DEFAULT_BACKBONE
-        return BackboneConfig(name, self.pretrained, self.feature_layer or default_feature_layer(name))

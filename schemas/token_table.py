@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from model.codecs import TokenCodec
+from schemas.codecs import TokenCodec
 from schemas.config import BackboneConfig, CodecConfig
 
 SCHEMA_VERSION = 1

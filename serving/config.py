@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, Tuple
 
 from schemas.api import ApiLimits
+from serving.image_fetch import parse_allow
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -75,6 +76,9 @@ class ServeConfig:
     max_image_documents: int = 16  # inline images per rerank request (each is fetched and encoded)
     image_fetch_timeout_s: float = 10.0  # per url
     image_url_hosts: Optional[Tuple[str, ...]] = None  # hosts image urls may name (redirects included); None = any
+    # Non-public addresses image urls may reach: CIDRs or addresses ("127.0.0.1/32"), "loopback", or host names.
+    # None = public addresses only: loopback, private, link-local (cloud metadata) and the like are refused (422).
+    image_url_allow: Optional[Tuple[str, ...]] = None
     image_cache_size: int = 1024  # encoded inline images kept per reranker replica (by content hash)
     auth_token: Optional[str] = None  # bearer token; None = no auth (or taken from env auth_token_env)
     auth_token_env: Optional[str] = "EDJE_API_TOKEN"
@@ -87,6 +91,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.image_url_hosts is not None:
             object.__setattr__(self, "image_url_hosts", tuple(self.image_url_hosts))
+        if self.image_url_allow is not None:
+            allow = (self.image_url_allow,) if isinstance(self.image_url_allow, str) else tuple(self.image_url_allow)
+            parse_allow(allow)  # a malformed entry fails here, at start-up, not at the first fetch
+            object.__setattr__(self, "image_url_allow", allow)
         for name in ("token_tables", "miner_image_tables", "caption_sources"):
             value = getattr(self, name)
             if isinstance(value, str):

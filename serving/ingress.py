@@ -137,7 +137,7 @@ class Ingress:
         """(bytes, source url or '') of an inline image; 413/422 naming `where` when it cannot be had."""
         try:
             return await image_bytes(kind, value, self.config.max_image_bytes, self.config.image_fetch_timeout_s,
-                                     self.config.image_url_hosts)
+                                     self.config.image_url_hosts, self.config.image_url_allow)
         except ImageInputError as e:
             raise HTTPException(e.status, f"{where}: {e.detail}") from None
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from pipeline.decode import ImageRejected, decode_image
+from model.token_encoder import EncodedImages
 from pipeline.reasons import DECOMPRESSION_BOMB
 from serving.token_store import TokenBlobs
 from schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
@@ -49,20 +50,6 @@ def default_image_id(data: bytes) -> str:
     return "live-" + content_hash(data)[:16]
 
 
-@dataclass
-class EncodedImages:
-    """Encoded rows: token blobs (uint8 [B, bytes]), scales (fp16 [B, s] or None), pooled embeddings [B, e]."""
-
-    blob: np.ndarray
-    scales: Optional[np.ndarray]
-    embeddings: np.ndarray
-
-    def take(self, rows: Sequence[int]) -> "EncodedImages":
-        """Some rows, in the given order."""
-        rows = np.asarray(rows, dtype=np.int64)
-        return EncodedImages(self.blob[rows], None if self.scales is None else self.scales[rows], self.embeddings[rows])
-
-
 class RejectedImage(ValueError):
     """An image that cannot be encoded; `index` is its position in the call, `reason` a pipeline.reasons code."""
 
@@ -72,43 +59,40 @@ class RejectedImage(ValueError):
 
 
 class ImageEncoder:
-    """The encode job's path for a few images in a replica: decode, backbone, adapter, codec (frozen, no grad)."""
+    """The encode job's path for a few images in a replica: decode, then model.token_encoder (frozen, no grad)."""
 
     def __init__(self, meta: TableMetadata, adapter: torch.nn.Module, device: torch.device, max_pixels: int):
-        from model.backbone import VisionBackbone
-        from schemas.config import BackboneConfig
+        from model.token_encoder import TokenEncoder
+        from schemas.config import BackboneConfig, CodecConfig
 
-        self.meta, self.adapter, self.device, self.max_pixels = meta, adapter, device, max_pixels
+        self.meta, self.max_pixels = meta, max_pixels
         if getattr(meta, "embedding_backbone", None):
             # Tables of diagnostic tokens (not the backbone's): an image cannot be encoded into them.
             raise ValueError(f"the served tables' tokens do not come from backbone {meta.backbone}: no live images")
         # The backbone the tables name: live rows must come from the same model as the stored ones.
-        self.backbone = VisionBackbone.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer),
-                                              device=device)
-        if self.backbone.embed_dim != meta.embed_dim:
-            raise ValueError(f"backbone {meta.backbone} embeds in {self.backbone.embed_dim}, tables in {meta.embed_dim}")
+        self.encoder = TokenEncoder.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer), adapter,
+                                           CodecConfig(meta.quantization, meta.group_size), device, meta.compute_dtype)
+        if self.encoder.backbone.embed_dim != meta.embed_dim:
+            raise ValueError(f"backbone {meta.backbone} embeds in {self.encoder.backbone.embed_dim}, tables in {meta.embed_dim}")
 
     def decode(self, datas: Sequence[bytes]) -> np.ndarray:
         """uint8 [B, S, S, 3] at the backbone's size; RejectedImage names the first bad one."""
-        pp = self.backbone.preprocess
-        out = []
-        for i, data in enumerate(datas):
-            try:
-                out.append(decode_image(data, pp.size, pp.resize_mode, self.max_pixels))
-            except ImageRejected as e:
-                raise RejectedImage(i, e.reason, e.detail) from None
-        return np.stack(out)
+        return decode_all(datas, self.encoder.backbone.preprocess, self.max_pixels)
 
-    @torch.inference_mode()
     def encode(self, datas: Sequence[bytes]) -> EncodedImages:
         """Image bytes -> encoded rows, the way the encode job writes compressed tables."""
-        pixels = torch.from_numpy(self.decode(datas)).to(self.device)
-        tokens, emb = self.backbone.encode(pixels)
-        dtype = next(self.adapter.parameters()).dtype
-        tokens = self.adapter(tokens.to(dtype)).float()
-        blob, scales = self.meta.codec.encode_torch(tokens)
-        return EncodedImages(blob.cpu().numpy(), None if scales is None else scales.cpu().numpy().astype("<f2"),
-                             emb.float().cpu().numpy())
+        return self.encoder.encode(self.decode(datas))
+
+
+def decode_all(datas: Sequence[bytes], preprocess, max_pixels: int) -> np.ndarray:
+    """Decode and resize image bytes for a backbone's preprocessing; RejectedImage names the first bad one."""
+    out = []
+    for i, data in enumerate(datas):
+        try:
+            out.append(decode_image(data, preprocess.size, preprocess.resize_mode, max_pixels))
+        except ImageRejected as e:
+            raise RejectedImage(i, e.reason, e.detail) from None
+    return np.stack(out)
 
 
 class LiveLog:

@@ -1,8 +1,8 @@
 """Token store: compressed token tables loaded once into contiguous arrays, gathered by image id.
 
 The store keeps the *encoded* blobs (uint8, plus fp16 scales for int8/int4) so that the corpus
-stays at its stored size in memory; each reranker replica holds one (serving.reranker) and decodes
-what it gathers with the table's codec on its own device (`decode_blobs`). Tables that do not
+stays at its stored size in memory; each reranker replica holds one (serving.reranker_core) and decodes
+what it gathers with the table's codec on its own device (`model.scoring.decode_blobs`). Tables that do not
 match the served checkpoint are refused at start-up with the field named (TableMismatchError).
 """
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, read_token_tables, vector_matrix
 
@@ -154,20 +153,6 @@ class TokenStore:
                     memory_bytes=self.memory_bytes)
 
 
-def decode_blobs(meta: TableMetadata, blob: np.ndarray, scales: Optional[np.ndarray],
-                 device: torch.device | str = "cpu") -> torch.Tensor:
-    """Decode gathered blobs with the table's codec on `device` (the compressed bytes are what travel)."""
-    b = torch.from_numpy(_writable(blob)).to(device)
-    s = torch.from_numpy(_writable(scales)).to(device) if scales is not None else None
-    return meta.codec.decode_torch(b, s)
-
-
-def _writable(a: np.ndarray) -> np.ndarray:
-    # Arrays that arrive through Ray's object store are read-only views; torch wants writable memory.
-    a = np.ascontiguousarray(a)
-    return a if a.flags.writeable else a.copy()
-
-
 def _put_rows(array: np.ndarray, n: int, rows: np.ndarray) -> np.ndarray:
     """`array` with `rows` written at n.. (a larger copy with spare rows when it is full)."""
     need = n + len(rows)
@@ -189,4 +174,4 @@ def _first_of_each(sorted_ids: pa.Array) -> Optional[np.ndarray]:
 
 
 __all__ = ["TokenStore", "TokenBlobs", "UnknownImageIds", "TableMismatchError",
-           "decode_blobs", "expected_from_checkpoint"]
+           "expected_from_checkpoint"]

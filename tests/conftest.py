@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,9 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# The tests import research/ the way its entry points do, from the repository root: an editable install
+# made before the package existed does not map it.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig  # noqa: E402
 

@@ -1,7 +1,7 @@
 """evaluation/compare.py and jobs/evaluate.py --compare: one table of rerankers over one first stage.
 
 The fake evaluation outputs below use the key layout jobs/evaluate.py writes (metrics.json + run.json, as
-in runs/quickstart57/eval) and evaluation/elip_eval.py writes (one metrics.json with its cost)."""
+in runs/quickstart57/eval) and research/elip_eval.py writes (one metrics.json with its cost)."""
 from __future__ import annotations
 
 import copy
@@ -52,7 +52,7 @@ def _write_edje(d: Path, annotations: Path, metrics: dict, quant=None, k=10) -> 
 
 
 def _write_elip(d: Path, annotations: Path) -> Path:
-    """evaluation/elip_eval.py's metrics.json (text-to-image only, cost inside)."""
+    """research/elip_eval.py's metrics.json (text-to-image only, cost inside)."""
     d.mkdir(parents=True)
     wf = {"first_stage": {"accuracy": 34.29, "queries": 936}, "reranked": {"accuracy": 34.29, "queries": 936},
           "by_kind": {"first_stage": _kinds(57.3, 53.19, 64.97, 50.25), "reranked": _kinds(59.73, 54.79, 64.47, 49.75)}}

@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", "BENCHMARKS.md"]
-SCRIPT = re.compile(r"\b((?:benchmarks|jobs|training|evaluation|serving|model|sampleworld|pipeline|schemas)/[\w/]+\.py)\b")
-MODULE = re.compile(r"python -m ((?:benchmarks|jobs|training|evaluation|serving|model|sampleworld|pipeline|schemas)(?:\.\w+)+)")
+SCRIPT = re.compile(r"\b((?:benchmarks|jobs|training|evaluation|serving|model|sampleworld|pipeline|schemas|research)/[\w/]+\.py)\b")
+MODULE = re.compile(r"python -m ((?:benchmarks|jobs|training|evaluation|serving|model|sampleworld|pipeline|schemas|research)(?:\.\w+)+)")
 
 
 @pytest.mark.parametrize("doc", DOCS)

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.elip_eval import ELIPEvalConfig, evaluate_elip
 from model.backbone import VisionBackbone
-from model.elip import ELIPConfig, ELIPReranker, encode_prompted, load_elip, patch_tokens
+from research.elip_eval import ELIPEvalConfig, caption_embeddings, evaluate_elip, image_inputs
+from research.elip_model import ELIPConfig, ELIPReranker, encode_prompted, load_elip, patch_tokens
+from research.elip_training import ELIPTrainConfig, infonce_loss, train_elip, train_step
 from sampleworld.world import WorldConfig, generate
-from evaluation.annotations import load_annotations
-from evaluation.elip_eval import caption_embeddings, image_inputs
-from training.elip import ELIPTrainConfig, infonce_loss, train_elip, train_step
+from schemas.annotations import load_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
 # The committed embedded-default backbone: a random one embeds every image alike, and nothing can be learned over it.

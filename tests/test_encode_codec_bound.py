@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.codecs import TokenCodec
+from schemas.codecs import TokenCodec
 from schemas.config import CodecConfig
 
 QMAX = {"int8": 127, "int4": 7}

@@ -170,8 +170,8 @@ def _spy_scores(monkeypatch):
     calls = []
     real = re_eval.score_pairs
 
-    def spy(model, texts, image_index, images, batch):
-        out = real(model, texts, image_index, images, batch)
+    def spy(scorer, texts, image_index, images):
+        out = real(scorer, texts, image_index, images)
         calls.append((images.clone(), out.copy()))
         return out
 

@@ -7,9 +7,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from mixed_modal import twin_queries  # noqa: E402
 
-from evaluation.annotations import load_annotations  # noqa: E402
 from evaluation.rerank_eval import world_families  # noqa: E402
 from sampleworld.world import WorldConfig, generate  # noqa: E402
+from schemas.annotations import load_annotations  # noqa: E402
 
 
 def test_twin_queries_pair_every_member_with_each_sibling_caption(tmp_path):

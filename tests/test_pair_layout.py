@@ -1,21 +1,18 @@
 """The joint encoder's pair layout (distinct texts tokenised once, tensor layout, wordpiece cache) gives
-exactly the batches and scores of the old per-row layout kept in benchmarks/legacy_pairs.py."""
+exactly the batches and scores of the old per-row layout kept in research/legacy_pairs.py."""
 import copy
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from legacy_pairs import (legacy_embed_pairs, legacy_mlm_logits, legacy_score,  # noqa: E402
-                          legacy_text_embedding, legacy_text_inputs, legacy_tokenize_pairs)
-from model import wordpieces  # noqa: E402
-from model.joint_encoder import JointEncoder, PairBatch  # noqa: E402
-from schemas.config import JointEncoderConfig  # noqa: E402
+from model import wordpieces
+from model.joint_encoder import JointEncoder, PairBatch
+from research.legacy_pairs import (legacy_embed_pairs, legacy_mlm_logits, legacy_score, legacy_text_embedding,
+                                   legacy_text_inputs, legacy_tokenize_pairs)
+from schemas.config import JointEncoderConfig
 
-from conftest import TINY_BERT  # noqa: E402
+from conftest import TINY_BERT
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.recall import recall, rerank
+from evaluation.recall import rerank
 from evaluation.rerank_eval import fit_first_stage_weight
 from model.edje import EDJEModel, save_checkpoint
 from model.ranking import RankingConfig, read_ranking, write_ranking
+from model.recall import recall
 
 
 def test_fuse_adds_weighted_similarity_for_numpy_and_torch():

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def unseen_world(tmp_path_factory):
     """Seed-23 test split (48 images in families of twins), compressed int8 tables made with the checkpoint's adapter."""
     from conftest import encode_world_with_checkpoint
-    from evaluation.annotations import load_annotations
+    from schemas.annotations import load_annotations
     from evaluation.rerank_eval import family_groups
     from schemas.token_table import build_table, write_token_table
 

@@ -15,7 +15,8 @@ from serving.first_stage import EmbeddingIndex
 from serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus, read_annotations
 from serving.miner_client import MinedNegatives, neighbour_batch
 from serving.random_corpus import write_random_corpus
-from serving.token_store import TokenStore, UnknownImageIds, decode_blobs
+from model.scoring import decode_blobs
+from serving.token_store import TokenStore, UnknownImageIds
 
 from conftest import int8_half_step
 

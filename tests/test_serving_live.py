@@ -65,6 +65,7 @@ def _config(corpus, live_dir) -> ServeConfig:
     return ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token=TOKEN,
                        live_dir=live_dir, max_image_bytes=MAX_IMAGE_BYTES, max_image_pixels=MAX_IMAGE_PIXELS,
                        max_image_documents=4, image_fetch_timeout_s=5.0, image_url_hosts=("127.0.0.1",),
+                       image_url_allow=("127.0.0.1/32",),  # the test's image server is on loopback, refused by default
                        reranker=DeploymentResources(num_replicas=2, num_cpus=0.5))
 
 

@@ -37,15 +37,16 @@ def pairs(tmp_path_factory):
 
 
 def _served(meta, texts, blob, scales, precision: str) -> np.ndarray:
-    from serving.reranker import PairChunk, PairScorer
+    from model.scoring import PairScorer
+    from serving.reranker_core import PairChunk, score_chunks
 
-    scorer = PairScorer(CHECKPOINT, meta, torch.device("cpu"), precision)
-    return np.concatenate(scorer.score_chunks([PairChunk(texts, blob, scales)]))
+    scorer = PairScorer.from_checkpoint(CHECKPOINT, "cpu", precision)
+    return np.concatenate(score_chunks(scorer, meta, [PairChunk(texts, blob, scales)]))
 
 
 def test_served_scores_match_evaluation_per_precision(pairs):
     from model.edje import load_checkpoint
-    from serving.token_store import decode_blobs
+    from model.scoring import decode_blobs
 
     meta, texts, blob, scales, n = pairs
     model = load_checkpoint(CHECKPOINT).eval()

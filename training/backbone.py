@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import model.backbone  # noqa: F401  registers the project's open_clip configs
-from evaluation.annotations import Annotations, load_annotations, load_images
-from evaluation.recall import embedding_recall
+from model.recall import embedding_recall
 from sampleworld.captions import colour_caption, shape_caption
 from sampleworld.scene import Scene
+from schemas.annotations import Annotations, load_annotations, load_images
 from training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 
 
@@ -202,7 +202,9 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             batches = [order[b * cfg.batch_size:(b + 1) * cfg.batch_size] for b in range(steps_per_epoch)]
         clip.train()
         losses = []
-        for idx in batches:
+        # About ten lines an epoch: an epoch of a large set takes minutes with nothing else to show.
+        report_every, seen, epoch_start = max(1, len(batches) // 10), 0, time.time()
+        for b, idx in enumerate(batches, 1):
             tidx = torch.from_numpy(idx).to(device)
             ids = text_ids[caption_pick[idx]]
             shape_rows = colour_rows = None
@@ -232,6 +234,11 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 clip.logit_scale.clamp_(0, math.log(100))
             losses.append(loss.item())
             step += 1
+            seen += len(idx)
+            if b % report_every == 0 and b < len(batches):  # the epoch's own line covers its last batch
+                spent = time.time() - epoch_start
+                log(f"epoch {epoch + 1}/{last} batch {b}/{len(batches)}: running loss {np.mean(losses):.4f}, "
+                    f"{seen / max(spent, 1e-9):.0f} images/s, epoch eta {spent / b * (len(batches) - b):.0f} s")
         row = {"epoch": epoch + 1, "step": step, "loss": round(float(np.mean(losses)), 4),
                "caption_rates": [round(r, 3) for r in partial_rates[epoch]],
                "elapsed_s": round(time.time() - start, 1)}

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import faiss
 import numpy as np
+
+from model.embedding_index import EmbeddingIndex
 
 
 def neighbour_clusters(emb: np.ndarray, cluster_size: int, rng: np.random.Generator) -> List[np.ndarray]:
@@ -19,10 +20,8 @@ def neighbour_clusters(emb: np.ndarray, cluster_size: int, rng: np.random.Genera
     if cluster_size < 2:
         raise ValueError(f"cluster_size must be >= 2, got {cluster_size}")
     n = len(emb)
-    index = faiss.IndexFlatIP(emb.shape[1])
-    index.add(np.ascontiguousarray(emb, dtype=np.float32))
     depth = min(n, 4 * cluster_size)
-    _, nbrs = index.search(np.ascontiguousarray(emb, dtype=np.float32), depth)
+    _, nbrs = EmbeddingIndex.exact(emb).search(emb, depth)
     used = np.zeros(n, bool)
     clusters = []
     for seed in rng.permutation(n):

@@ -222,8 +222,8 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
     weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
     weights.update({k: float(v) for k, v in a.loss_weight})
     return TrainJobConfig(
-        tables=list(a.tables), storage_path=a.storage_path, name=a.name, model=spec, init_checkpoint=a.init,
-        init_encoder_from=a.init_encoder_from, teacher_checkpoint=a.teacher, objectives=tuple(a.objectives),
+        tables=list(a.tables), storage_path=a.storage_path, name=a.name, model=spec, init_checkpoint=_absolute(a.init),
+        init_encoder_from=_absolute(a.init_encoder_from), teacher_checkpoint=_absolute(a.teacher), objectives=tuple(a.objectives),
         loss_weights=tuple(sorted(weights.items())), num_workers=a.num_workers, use_gpu=a.use_gpu,
         cpus_per_worker=a.cpus_per_worker, batch_size=a.batch_size, epochs=a.epochs, max_steps=a.max_steps,
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, min_lr_ratio=a.min_lr_ratio, k=a.k,
@@ -233,6 +233,13 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
         curriculum=CurriculumConfig(a.cluster_fraction, a.cluster_start, a.cluster_end, a.cluster_size),
         checkpoint_every=a.checkpoint_every, log_every=a.log_every,
         keep_checkpoints=a.keep_checkpoints, max_failures=a.max_failures, seed=a.seed)
+
+
+def _absolute(path: Optional[str]) -> Optional[str]:
+    """A local path made absolute: Ray Train workers run in another working directory than the driver."""
+    if path is None or "://" in path:
+        return path
+    return os.path.abspath(path)
 
 
 def _bert_fields(items) -> Optional[tuple]:

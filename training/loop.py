@@ -55,6 +55,24 @@ def learning_rate(cfg: TrainJobConfig, step: int, total_steps: int) -> float:
     return cfg.lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def format_duration(seconds: float) -> str:
+    """Seconds as H:MM:SS (hours unbounded, negatives as zero)."""
+    s = int(round(max(0.0, seconds)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def progress_text(step: int, total: Optional[int], steps_run: int, seconds: float) -> str:
+    """`step N/total (P%), S s/step, eta H:MM:SS`, timed by the mean of the `steps_run` steps that took `seconds`."""
+    parts = [f"step {step}/{total} ({min(100, 100 * step // total)}%)" if total else f"step {step}"]
+    if steps_run > 0:
+        # The mean since this process started (or resumed): a resumed run's earlier steps ran elsewhere.
+        per_step = seconds / steps_run
+        parts.append(f"{per_step:.2f} s/step")
+        if total:
+            parts.append(f"eta {format_duration(per_step * max(0, total - step))}")
+    return ", ".join(parts)
+
+
 def build_optimizer(model: torch.nn.Module, cfg: TrainJobConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (biases, norms and the adapter queries are exempt)."""
     decay, rest = [], []
@@ -203,7 +221,10 @@ def train_loop_per_worker(config: dict) -> None:
                        elapsed_s=round(time.time() - started, 1))
         last_metrics, sums, count = metrics, {}, 0
         if rank == 0:
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) and k != "lr" else v for k, v in metrics.items()}), flush=True)
+            row = json.dumps({k: round(v, 4) if isinstance(v, float) and k != "lr" else v for k, v in metrics.items()})
+            # Progress leads the line for people waiting; the JSON ends it, whole, for scripts that read it.
+            timing = progress_text(pos.step, known_total, pos.step - first_step, time.time() - loop_started)
+            print(f"{timing} {row}", flush=True)
         if checkpoint_due:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = None
@@ -229,7 +250,10 @@ def train_loop_per_worker(config: dict) -> None:
     # The schedule's length: the whole run, whichever of epochs and max_steps ends it first.
     epoch_steps = per_epoch if per_epoch is not None else config.get("batches_per_epoch", 0)
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * epoch_steps or math.inf)
+    known_total = int(total_steps) if total_steps != math.inf else None  # a streamed epoch of unknown length: none
     total_steps = int(total_steps) if total_steps != math.inf else 1
+    # Step timing starts here, after loading the shard, so that the ETA reflects steps only.
+    first_step, loop_started = pos.step, time.time()
     while pos.epoch < cfg.epochs and not done():
         if planner is not None:
             batches = planned_batches(table, planner, per_epoch, pos)

@@ -1,4 +1,4 @@
-"""Text-to-image evaluation of the ELIP baseline (model/elip.py): re-encode the first stage's top k per query.
+"""Text-to-image evaluation of the ELIP baseline (research/elip_model.py): re-encode the first stage's top k per query.
 
 The first stage is the backbone's own: FAISS over the pooled image embeddings (the token tables'
 `image_embedding`, as evaluation/rerank_eval.py reads them, or the backbone's embedding of the image
@@ -7,7 +7,7 @@ and re-ranked by ELIP's cosine. Besides recall and within-family accuracy the re
 cost: k backbone passes per query (the transformer blocks; the conv stem and patch/position embedding
 do not depend on the query and run once per image), and pairs/s on this machine.
 
-  python -m evaluation.elip_eval --checkpoint runs/elip --annotations runs/quickstart57/world/flickr30k_test.json \
+  python -m research.elip_eval --checkpoint runs/elip --annotations runs/quickstart57/world/flickr30k_test.json \
       --tokens runs/quickstart57/compressed-int8/tables --max-queries-per-image 1 --output runs/elip/eval57
 """
 from __future__ import annotations
@@ -23,10 +23,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.annotations import Annotations, load_annotations, load_images
-from evaluation.recall import KS, recall, rerank, t2i_answers, within_group_accuracy, within_group_pairs_by_kind
+from evaluation.recall import rerank, within_group_accuracy, within_group_pairs_by_kind
 from evaluation.rerank_eval import first_stage, select_rows, world_families
-from model.elip import ELIPReranker, encode_prompted, load_elip
+from model.recall import KS, recall, t2i_answers
+from research.elip_model import ELIPReranker, encode_prompted, load_elip
+from schemas.annotations import Annotations, load_annotations, load_images
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,10 @@ def evaluate_reranking(model: ELIPReranker, ann: Annotations, image_emb: np.ndar
 def table_embeddings(ann: Annotations, paths: Sequence[str], model: ELIPReranker) -> np.ndarray:
     """The tables' pooled image embedding of each annotation image (the first stage EDJE's evaluation uses);
     ValueError when the tables were embedded by another backbone than the ELIP model's."""
-    from schemas.token_table import read_token_tables, vector_matrix
+    from schemas.token_table import expand_paths, read_token_tables, vector_matrix
     from schemas.weights import check_weights
-    from training.launch import expand_tables
 
-    table, meta = read_token_tables(expand_tables(paths), columns=["image_id", "image_embedding"])
+    table, meta = read_token_tables(expand_paths(paths), columns=["image_id", "image_embedding"])
     theirs, ours = meta.first_stage_backbone(), model.config
     # Checkpoint paths are recorded as given (absolute or relative): the file name is what identifies one.
     if theirs.name != ours.backbone or Path(theirs.pretrained or "").name != Path(ours.pretrained or "").name:
@@ -168,7 +168,7 @@ def evaluate_elip(cfg: ELIPEvalConfig) -> Dict:
 def main(argv=None) -> None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="folder written by jobs/train_elip.py")
+    p.add_argument("--checkpoint", required=True, help="folder written by research/train_elip.py")
     p.add_argument("--annotations", required=True, help="Karpathy JSON (a sample world's: within-family is reported)")
     p.add_argument("--tokens", nargs="+", help="token tables for the first stage (default: embed the image files)")
     p.add_argument("--output", help="folder for metrics.json")

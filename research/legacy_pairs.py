@@ -1,6 +1,6 @@
 """The joint encoder's input layout as it was before issue 17, kept verbatim as a reference.
 
-`bench_serving.py --parts overhead` times it beside today's path, and `tests/test_pair_layout.py`
+`research/pair_layout_bench.py` times it beside today's path, and `tests/test_pair_layout.py`
 checks that today's path gives bit-identical batches and equal scores.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training of the ELIP baseline's mapping network (model/elip.py) on a Karpathy-style train split.
+"""Training of the ELIP baseline's mapping network (research/elip_model.py) on a Karpathy-style train split.
 
 ELIP-C's recipe at toy size: each batch is a cluster of near neighbours in the frozen backbone's
 image embedding (ELIP 5.1, global hard-sample mining; training/hard_batches.py), so a sample world's
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evaluation.annotations import Annotations, load_annotations
-from evaluation.elip_eval import caption_embeddings, evaluate_reranking, first_captions, image_inputs
-from model.elip import ELIPConfig, ELIPReranker
+from research.elip_eval import caption_embeddings, evaluate_reranking, first_captions, image_inputs
+from research.elip_model import ELIPConfig, ELIPReranker
+from schemas.annotations import Annotations, load_annotations
 from training.hard_batches import mixed_batches, neighbour_clusters
 
 

@@ -8,22 +8,26 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script from the repository root
 
-from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article
-from sampleworld.scene import Scene
-from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
-from sampleworld.world import WorldConfig, sample_records
-from schemas.token_table import TableMetadata
-from training.config import ModelSpec
-from training.losses import itm_loss
-from training.model_init import build_model
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article  # noqa: E402
+from sampleworld.scene import Scene  # noqa: E402
+from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer  # noqa: E402
+from sampleworld.world import WorldConfig, sample_records  # noqa: E402
+from schemas.token_table import TableMetadata  # noqa: E402
+from training.config import ModelSpec  # noqa: E402
+from training.losses import itm_loss  # noqa: E402
+from training.model_init import build_model  # noqa: E402
 
 
 def group_vocab(tokenizer):

@@ -1,9 +1,9 @@
 """Train the ELIP re-ranking baseline's mapping network (text embedding -> visual prompts) over a frozen backbone.
 
-  python jobs/train_elip.py --train runs/binding_backbone/world/flickr30k_train.json \
+  python research/train_elip.py --train runs/binding_backbone/world/flickr30k_train.json \
       --val runs/binding_backbone/world/flickr30k_val.json --output runs/elip
 Writes mapper.safetensors and elip.json (config, validation history, the step kept) to --output;
-evaluate with `python -m evaluation.elip_eval --checkpoint <output> ...`.
+evaluate with `python -m research.elip_eval --checkpoint <output> ...`.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a scr
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from model.elip import ELIPConfig  # noqa: E402
-from training.elip import ELIPTrainConfig, train_elip  # noqa: E402
+from research.elip_model import ELIPConfig  # noqa: E402
+from research.elip_training import ELIPTrainConfig, train_elip  # noqa: E402
 
 
 def main(argv=None) -> None:

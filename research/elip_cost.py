@@ -3,7 +3,7 @@
 Both score the same (query, candidate) pairs of a split's first-stage top k in one process, alternating,
 on the same threads, so a busy machine slows both alike; prints pairs/s each, the ratio and the load.
 
-  python benchmarks/elip_cost.py --elip runs/elip --edje checkpoints/edje-local-bind \
+  python research/elip_cost.py --elip runs/elip --edje checkpoints/edje-local-bind \
       --annotations runs/quickstart57/world/flickr30k_test.json --tokens runs/quickstart57/compressed-int8/tables
 """
 from __future__ import annotations
@@ -25,13 +25,12 @@ import torch  # noqa: E402
 
 def main(argv=None) -> None:
     """Time both rerankers over the same pairs and print one JSON line."""
-    from evaluation.annotations import load_annotations
-    from evaluation.elip_eval import caption_embeddings, first_captions, image_inputs, rerank_scores, table_embeddings
     from evaluation.rerank_eval import first_stage, score_pairs, select_rows
-    from model.edje import load_checkpoint
-    from model.elip import load_elip
-    from schemas.token_table import decode_tokens, read_token_tables
-    from training.launch import expand_tables
+    from model.scoring import PairScorer
+    from research.elip_eval import caption_embeddings, first_captions, image_inputs, rerank_scores, table_embeddings
+    from research.elip_model import load_elip
+    from schemas.annotations import load_annotations
+    from schemas.token_table import decode_tokens, expand_paths, read_token_tables
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--elip", required=True)
@@ -49,18 +48,18 @@ def main(argv=None) -> None:
     tokens, _ = image_inputs(elip, ann.image_paths)
     text = caption_embeddings(elip, ann.captions[:a.queries])
     _, top = first_stage(text.numpy(), table_embeddings(ann, a.tokens, elip), a.k)
-    table, meta = read_token_tables(expand_tables(a.tokens))
+    table, meta = read_token_tables(expand_paths(a.tokens))
     table = table.take(select_rows(ann, table.column("image_id").to_pylist()))
     if meta.kind != "compressed":
         raise ValueError("give compressed tables: EDJE reads their tokens as stored")
-    edje = load_checkpoint(a.edje).eval()
+    edje = PairScorer.from_checkpoint(a.edje, device="cpu", batch_size=128)  # evaluation's scoring path, fp32
     edje_images = torch.from_numpy(decode_tokens(table, meta))
     texts = [ann.captions[q] for q in np.repeat(np.arange(a.queries), a.k)]
     pairs = a.queries * a.k
     rates = {"elip": [], "edje": []}
     for _ in range(a.rounds):
         t = time.perf_counter()
-        score_pairs(edje, texts, top.reshape(-1), edje_images, 128)
+        score_pairs(edje, texts, top.reshape(-1), edje_images)
         rates["edje"].append(pairs / (time.perf_counter() - t))
         _, seconds = rerank_scores(elip, text, top, tokens)
         rates["elip"].append(pairs / seconds)

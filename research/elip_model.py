@@ -5,7 +5,7 @@ An MLP maps the query's text embedding to `num_prompts` vectors in the image tow
 they are prepended to the image's tokens after patch and position embedding, before the first
 transformer block (VPT-shallow), and the first stage's top k are re-encoded per query. The score
 is the cosine of the prompted image embedding with the query's text embedding. The backbone stays
-frozen: only the mapping network trains (training/elip.py).
+frozen: only the mapping network trains (research/elip_training.py).
 
 The prompted pass re-runs the timm trunk's own pieces in `VisionTransformer.forward_features`
 order (patch_embed, _pos_embed, patch_drop, norm_pre | blocks, norm) and then its own

@@ -1,0 +1,86 @@
+"""Karpathy-style annotation files (Flickr30k / COCO, BLIP format) as images + captions.
+
+Two shapes are accepted: one entry per caption (`{"image", "caption": str, "image_id"}`, the
+train split) and one entry per image (`{"image", "caption": [str, ...], "image_id"}`, val/test).
+Image paths are relative to the JSON file's folder. Training and evaluation both read them (the
+sample world writes them), so the reader sits with the other formats that cross a boundary.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Sequence
+
+import numpy as np
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """Images (ids, files) and all their captions, flattened, with the image each caption describes."""
+
+    path: Path
+    image_ids: List[str]
+    image_paths: List[Path]
+    captions: List[str]
+    caption_image: np.ndarray  # [num_captions] index into image_ids
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_ids)
+
+    def captions_of(self, image_index: int) -> List[str]:
+        """All captions of one image, in file order."""
+        return [self.captions[j] for j in np.flatnonzero(self.caption_image == image_index)]
+
+    def image_to_captions(self) -> List[np.ndarray]:
+        """For each image, the indices of its captions."""
+        order = np.argsort(self.caption_image, kind="stable")
+        bounds = np.searchsorted(self.caption_image[order], np.arange(self.num_images + 1))
+        return [order[bounds[i]:bounds[i + 1]] for i in range(self.num_images)]
+
+
+def load_annotations(path: str | Path) -> Annotations:
+    """Read a Karpathy/BLIP annotation JSON; raises ValueError naming the first malformed entry."""
+    path = Path(path)
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a non-empty JSON list of annotation entries")
+    index: dict = {}
+    image_ids: List[str] = []
+    image_paths: List[Path] = []
+    captions: List[str] = []
+    owner: List[int] = []
+    for n, e in enumerate(entries):
+        if not isinstance(e, dict) or "image" not in e or "caption" not in e:
+            raise ValueError(f"{path}: entry {n} needs 'image' and 'caption', got {str(e)[:120]}")
+        key = str(e.get("image_id", e["image"]))
+        if key not in index:
+            index[key] = len(image_ids)
+            image_ids.append(key)
+            image_paths.append(path.parent / e["image"])
+        caps = e["caption"] if isinstance(e["caption"], list) else [e["caption"]]
+        for c in caps:
+            if not isinstance(c, str) or not c.strip():
+                raise ValueError(f"{path}: entry {n} has an empty or non-string caption")
+            captions.append(c)
+            owner.append(index[key])
+    return Annotations(path, image_ids, image_paths, captions, np.asarray(owner, dtype=np.int64))
+
+
+def load_images(paths: Sequence[Path], size: int | None = None) -> np.ndarray:
+    """Decode image files to uint8 [N, H, W, 3] (RGB), resized to `size` x `size` when given."""
+    out = []
+    for p in paths:
+        if not Path(p).exists():
+            raise FileNotFoundError(f"image {p} named by the annotations does not exist")
+        with Image.open(p) as im:
+            im = im.convert("RGB")
+            if size is not None and im.size != (size, size):
+                im = im.resize((size, size), Image.BICUBIC)
+            out.append(np.asarray(im, dtype=np.uint8))
+    shapes = {a.shape for a in out}
+    if len(shapes) > 1:
+        raise ValueError(f"images differ in size {sorted(shapes)[:3]}; pass size= to resize them")
+    return np.stack(out)

@@ -1,0 +1,168 @@
+"""The Python API (`from edje import EDJEReranker`): the README's snippet as written, agreement with jobs/evaluate.py,
+the encode job's bytes, and a save/load round trip. The shipped checkpoint, no Ray."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edje import EDJEReranker, UnknownDocument
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKPOINT = REPO / "checkpoints" / "edje-local-bind"
+
+
+def _block(marker: str) -> str:
+    """The first fenced block after a README marker comment."""
+    text = (REPO / "README.md").read_text()
+    m = re.search(re.escape(marker) + r"\s*```\w*\n(.*?)```", text, re.S)
+    assert m, f"README lacks the block after {marker}"
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def reranker():
+    return EDJEReranker.from_pretrained(CHECKPOINT)
+
+
+def test_readme_python_api_snippet_runs_as_written():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    for cmd in _block("<!-- api:world -->").strip().splitlines():
+        subprocess.run(cmd.replace(".venv/bin/python", sys.executable), shell=True, check=True, cwd=REPO, env=env)
+    # The snippet as written, then whether it needed Ray.
+    code = _block("<!-- api:snippet -->") + "\nimport sys\nprint('ray loaded:', 'ray' in sys.modules)\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 6, proc.stdout
+    roles = {x["role"] for x in json.loads((REPO / "runs" / "api-demo" / "world.json").read_text())["images"]}
+    assert int(lines[0].split()[0]) in range(8) and lines[0].split()[-1] in roles
+    assert lines[-1] == "ray loaded: False"
+
+
+def test_rank_orders_by_the_rule_and_predict_agrees(reranker, tmp_path):
+    from sampleworld.world import WorldConfig, generate
+
+    generate(WorldConfig(seed=4343, n_train=0, n_val=0, n_test=8), tmp_path / "w")
+    world = json.loads((tmp_path / "w" / "world.json").read_text())["images"]
+    paths = [str(tmp_path / "w" / x["image"]) for x in world]
+    query = world[2]["captions"][0]
+    hits = reranker.rank(query, paths, return_documents=True)
+    scores = [h["score"] for h in hits]
+    assert scores == sorted(scores, reverse=True) and sorted(h["corpus_id"] for h in hits) == list(range(8))
+    assert all(h["document"] == paths[h["corpus_id"]] for h in hits)
+    assert reranker.rank(query, paths, top_k=2) == [{k: v for k, v in h.items() if k != "document"} for h in hits[:2]]
+    # documents as bytes and PIL images score exactly like their files
+    from PIL import Image
+    as_bytes = reranker.rank(query, [Path(p).read_bytes() for p in paths])
+    assert [h["score"] for h in as_bytes] == scores
+    png = tmp_path / "same.png"  # lossless, so the PIL image and the file hold the same pixels
+    with Image.open(paths[0]) as im:
+        im.save(png)
+        pil = im.copy()
+    np.testing.assert_allclose(reranker.predict([(query, pil)]), reranker.predict([(query, str(png))]), atol=1e-5)
+    # calibrated relevance = the rule's probability of the fused score
+    rel = reranker.predict([(query, p) for p in paths], calibrated=True)
+    by_id = {h["corpus_id"]: h["relevance"] for h in hits}
+    np.testing.assert_allclose(rel, [by_id[i] for i in range(8)], atol=1e-9)
+    # caller-given first-stage scores replace the towers' cosines when the rule fuses
+    assert reranker.ranking.first_stage_weight > 0
+    given = reranker.rank(query, paths[:2], first_stage_scores=[1.0, 0.0])
+    logits = reranker.predict([(query, p) for p in paths[:2]])
+    w = reranker.ranking.first_stage_weight
+    np.testing.assert_allclose(sorted(h["score"] for h in given), sorted([logits[0] + w, logits[1]]), atol=1e-4)
+
+
+def test_bad_documents_get_clear_errors(reranker, tmp_path):
+    with pytest.raises(UnknownDocument, match="not an image file"):
+        reranker.rank("a red circle", ["no-such-id-or-file"])
+    with pytest.raises(ValueError, match="non-empty"):
+        reranker.rank("  ", [b"x"])
+    from pipeline.decode import ImageRejected
+    with pytest.raises(ImageRejected):
+        reranker.rank("a red circle", [b"not an image"])
+    assert reranker.rank("a red circle", []) == []
+
+
+def test_rank_agrees_with_evaluate_within_family(reranker, tmp_path):
+    """Ranking a caption's image against its three binding twins with the API wins as often as jobs/evaluate.py's
+    within-family accuracy on the same unseen world (int8 storage on both sides), within 1 point."""
+    from evaluation.rerank_eval import EvalConfig, evaluate
+    from evaluation.tables import encode_annotations
+    from model.backbone import VisionBackbone
+    from sampleworld.world import WorldConfig, generate
+    from schemas.config import BackboneConfig
+
+    root = tmp_path / "w"
+    generate(WorldConfig(seed=9191, n_train=0, n_val=0, n_test=240), root)
+    ann = root / "flickr30k_test.json"
+    b = reranker.backbone_config
+    encode_annotations(str(ann), VisionBackbone.create(BackboneConfig(b.name, b.pretrained, b.feature_layer)),
+                       str(tmp_path / "raw.parquet"))
+    torch.set_num_threads(2)
+    metrics = evaluate(EvalConfig(annotations=str(ann), tokens=[str(tmp_path / "raw.parquet")], output=str(tmp_path / "e"),
+                                  checkpoint=str(CHECKPOINT), k=10, max_queries_per_image=1, quant="int8", examples=1))
+    evaluated = metrics["t2i"]["within_family"]["reranked"]["accuracy"]
+    world = [x for x in json.loads((root / "world.json").read_text())["images"] if x["split"] == "test"]
+    families = {}
+    for x in world:
+        families.setdefault(x["family_id"], []).append(x)
+    wins = 0
+    for x in world:
+        family = families[x["family_id"]]
+        hits = reranker.rank(x["captions"][0], [str(root / y["image"]) for y in family], top_k=1)
+        wins += family[hits[0]["corpus_id"]]["image_id"] == x["image_id"]
+    api = 100.0 * wins / len(world)
+    print(f"within-family: API {api:.2f}, evaluate {evaluated:.2f}")
+    assert abs(api - evaluated) <= 1.0
+
+
+def test_encode_images_gives_the_encode_jobs_bytes(reranker, tmp_path):
+    """The encode job's actor (pipeline/encode.py EncodeBatch) and encode_images store the same bytes for an image."""
+    from pipeline.decode import decode_image
+    from pipeline.encode import OK, EncodeBatch, EncoderSpec
+    from sampleworld.world import WorldConfig, generate
+
+    generate(WorldConfig(seed=4444, n_train=0, n_val=0, n_test=8), tmp_path / "w")
+    files = sorted((tmp_path / "w" / "images").glob("*.jpg"))
+    b = reranker.backbone_config
+    actor = EncodeBatch(EncoderSpec(b, str(CHECKPOINT), "int8", None))
+    pp = actor.encoder.backbone.preprocess
+    pixels = np.stack([decode_image(f.read_bytes(), pp.size, pp.resize_mode, 10**8) for f in files])
+    n = len(files)
+    out = actor({"image": pixels, "status": np.array([OK] * n, object), "shard": np.zeros(n, np.int32),
+                 "row": np.arange(n, dtype=np.int32), "image_id": np.array([f.stem for f in files], object),
+                 "url": np.array([str(f) for f in files], object), "caption": np.array(["c"] * n, object),
+                 "detail": np.array([""] * n, object)})
+    rows = reranker.encode_images([str(f) for f in files])
+    assert [bytes(x) for x in rows.blob] == out.column("tokens").to_pylist()
+    assert [x.tobytes() for x in rows.scales] == out.column("token_scales").to_pylist()
+
+
+def test_save_pretrained_round_trips_bit_for_bit(reranker, tmp_path):
+    saved = Path(reranker.save_pretrained(tmp_path / "copy"))
+    assert (saved / "backbone").is_dir()
+    again = EDJEReranker.from_pretrained(saved)
+    mine, theirs = reranker.scorer.model.state_dict(), again.scorer.model.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert again.ranking == reranker.ranking
+    assert Path(again.backbone_config.pretrained).read_bytes() == Path(reranker.backbone_config.pretrained).read_bytes()
+    img = next((REPO / "tests").glob("**/*.jpg"), None) or _one_image(tmp_path)
+    np.testing.assert_array_equal(again.encode_images([img]).blob, reranker.encode_images([img]).blob)
+    with pytest.raises(ValueError, match="overwrite"):
+        again.save_pretrained(saved)
+
+
+def _one_image(tmp_path) -> str:
+    from sampleworld.world import WorldConfig, generate
+
+    generate(WorldConfig(seed=1, n_train=0, n_val=0, n_test=4), tmp_path / "one")
+    return str(next((tmp_path / "one" / "images").glob("*.jpg")))
