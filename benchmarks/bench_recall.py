@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--k-neg", type=int, default=3, help="hard negatives per sample and direction")
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--warmup-steps", type=int, default=20, help="short runs: DESIGN.md's 100 would be most of the run")
+    p.add_argument("--warmup-steps", type=int, default=20, help="short runs: the paper's 100 warm-up steps would be most of the run")
     p.add_argument("--mlm-weight", type=float, default=0.3, help="MLM loss weight (ITM and recovery weigh 1)")
     p.add_argument("--random-bert", nargs="*", default=["hidden_size=128", "num_hidden_layers=4",
                                                          "num_attention_heads=4", "intermediate_size=512"],

@@ -54,7 +54,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -83,43 +82,12 @@ def check(ok: bool, what: str) -> None:
 
 
 def ray_available() -> bool:
-    """Whether the real Ray (with Serve) is importable here (the stand-in below does not count)."""
+    """Whether Ray is importable here (the --jobs stages need it; the in-process stages do not)."""
     try:
-        import ray
-        import ray.serve  # noqa: F401
+        import ray  # noqa: F401
     except ImportError:
         return False
-    return not getattr(ray, "EDJE_STUB", False)
-
-
-def stub_ray_serve() -> None:
-    """Where Ray is not installed: a stand-in `ray.serve` so that the serving modules import and their
-    classes can be built in-process (`@serve.deployment` and `@serve.batch` leave the class/method as is)."""
-    ray = types.ModuleType("ray")
-    serve = types.ModuleType("ray.serve")
-
-    def deployment(cls=None, **_):
-        return cls if cls is not None else (lambda c: c)
-
-    def batch(fn=None, **_):
-        def wrap(f):
-            f.set_max_batch_size = f.set_batch_wait_timeout_s = lambda *a, **k: None
-            return f
-        return wrap(fn) if fn is not None else wrap
-
-    def get_replica_context():
-        raise RuntimeError("not in a Serve replica")
-
-    serve.deployment, serve.batch, serve.get_replica_context = deployment, batch, get_replica_context
-    serve.Application = object
-    ray.serve, ray.EDJE_STUB = serve, True
-    sys.modules.setdefault("ray", ray)
-    sys.modules.setdefault("ray.serve", serve)
-
-
-def plain_class(obj):
-    """The class behind a Serve deployment (or the class itself where the stub left it)."""
-    return getattr(obj, "func_or_class", obj)
+    return True
 
 
 # ----------------------------------------------------------------------------------- the stages
@@ -376,8 +344,6 @@ class Smoke:
         import numpy as np
         import torch
 
-        if not ray_available():
-            stub_ray_serve()
         from model.edje import load_checkpoint, read_checkpoint_config
         from sampleworld.world import annotation_path
         from serving.first_stage import FirstStage
@@ -408,11 +374,11 @@ class Smoke:
             if scorer.precision == "fp32":
                 check(diff <= SERVED_FP32_TOL, f"served fp32 logits differ from evaluation's by {diff:.3g}")
             lines.append(f"{precision}={scorer.precision} max |served - evaluated| {diff:.2g}")
-        fs = plain_class(FirstStage)([self.int8_table], torch_threads=self.threads, device=self.args.device)
+        fs = FirstStage([self.int8_table], torch_threads=self.threads, device=self.args.device)
         check(fs.backbone._mean.device.type == self.device.type, f"first-stage text tower on {fs.backbone._mean.device}")
         hits = fs.search(recs[0].captions[0], 5)
         check(len(hits) == 5 and all(h[0] in set(ids) for h in hits), f"first stage answered {hits}")
-        miner = plain_class(Miner)([self.int8_table], [str(annotation_path(self.world.root, "test"))],
+        miner = Miner([self.int8_table], [str(annotation_path(self.world.root, "test"))],
                                    torch_threads=self.threads, device=self.args.device)
         check(miner.backbone._mean.device.type == self.device.type, f"miner text tower on {miner.backbone._mean.device}")
         mined = asyncio.run(miner.negatives(ids[:2], [recs[0].captions[0], "an unseen caption"], k=2))
@@ -651,7 +617,7 @@ def main(argv=None) -> int:
     work = Path(args.workdir or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    has_ray = ray_available()  # before the serve stage may put its stand-in in place
+    has_ray = ray_available()
     print(f"[gpu-smoke] device {args.device} ({name}), torch {torch.__version__}, ray "
           f"{'present' if has_ray else 'absent'}, work {work}", flush=True)
     results: List[dict] = []

@@ -28,11 +28,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.annotations import Annotations, load_annotations
-from evaluation.recall import recall, rerank
+from evaluation.recall import rerank
 from evaluation.rerank_eval import EvalConfig, image_tokens_for_encoder, score_pairs, select_rows, world_families
-from model.scoring import PairScorer
 from model.ranking import RankingConfig, read_ranking
+from model.recall import recall
+from model.scoring import PairScorer
+from schemas.annotations import Annotations, load_annotations
 from schemas.api import DEFAULT_IMAGE_WEIGHT
 from schemas.token_table import decode_tokens, read_token_tables
 from serving.first_stage import EmbeddingIndex, embed_texts, image_queries, load_backbone, read_image_embeddings

@@ -29,7 +29,7 @@ from sampleworld import WorldConfig, generate, load_world  # noqa: E402
 from schemas.annotations import load_images  # noqa: E402
 from schemas.config import BackboneConfig  # noqa: E402
 
-# What issue 9 asks of a backbone EDJE can rerank with.
+# What a backbone must give for EDJE to rerank with it.
 THRESHOLDS = {"colour_present": 98.0, "local_colour": 98.0, "shape_present": 95.0, "local_shape": 90.0}
 
 

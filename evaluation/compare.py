@@ -1,4 +1,4 @@
-"""One comparison table of reranker designs that share one first stage (issue 20).
+"""One comparison table of reranker designs that share one first stage.
 
 A small JSON spec names the rows: for each, the evaluation output it reads (the metrics.json that
 jobs/evaluate.py writes, with its run.json beside it, or the one research/elip_eval.py writes) and

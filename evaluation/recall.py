@@ -1,7 +1,7 @@
 """Reranking of the top k and the binding diagnostics (within-family accuracy) over rankings.
 
-R@1/5/10 itself is model/recall.py; it is imported below also under this module's name, for the modules
-that still import it from here (evaluation/rerank_eval.py, benchmarks/mixed_modal.py, tests/test_evaluate.py).
+R@1/5/10 itself is model/recall.py; the names evaluation/rerank_eval.py still imports from here are
+imported below, and go once it imports them from model/recall.py.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from model.recall import KS, embedding_recall, i2t_answers, recall, t2i_answers, top_rankings  # noqa: F401
+from model.recall import KS, i2t_answers, recall, t2i_answers  # noqa: F401
 
 
 def rerank(rankings: np.ndarray, k: int, scores: np.ndarray) -> np.ndarray:

@@ -18,11 +18,11 @@ import fsspec
 import numpy as np
 import torch
 
-from evaluation.annotations import load_annotations, load_images
 from model.backbone import VisionBackbone, default_feature_layer
+from model.token_encoder import TokenEncoder
 from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
 from sampleworld.world import load_world
-from model.token_encoder import TokenEncoder
+from schemas.annotations import load_annotations, load_images
 from schemas.config import BackboneConfig, CodecConfig
 from schemas.token_table import TableMetadata, build_table, write_token_table
 from schemas.weights import weights_sha256

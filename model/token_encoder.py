@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from model.backbone import VisionBackbone
-from model.codecs import TokenCodec
+from schemas.codecs import TokenCodec
 from schemas.config import BackboneConfig, CodecConfig
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

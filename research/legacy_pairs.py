@@ -1,4 +1,4 @@
-"""The joint encoder's input layout as it was before issue 17, kept verbatim as a reference.
+"""The joint encoder's input layout as it was before the packed pair layout, kept verbatim as a reference.
 
 `research/pair_layout_bench.py` times it beside today's path, and `tests/test_pair_layout.py`
 checks that today's path gives bit-identical batches and equal scores.

@@ -33,7 +33,7 @@ class BackboneConfig:
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    """Local per-token MLP or token-compression adapter (DESIGN.md, 'The model')."""
+    """Local per-token MLP or token-compression adapter (the paper's local MLP and attention-pooling adapter)."""
 
     kind: AdapterKind
     input_dim: int  # d_v, the backbone's token width

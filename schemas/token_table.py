@@ -1,6 +1,6 @@
 """Parquet token tables: Arrow schema, table metadata, writer and checked reader.
 
-A row's token matrix is one fixed-size binary blob plus one blob of fp16 scales (DESIGN.md:
+A row's token matrix is one fixed-size binary blob plus one blob of fp16 scales (measured:
 list columns are stored with repetition levels and read 10-50x slower for random access).
 Rows are sorted by image id, row groups are small and the page index is on, so one id is a
 cheap lookup. Every file carries `TableMetadata` under the schema key b"edje".

@@ -1,6 +1,8 @@
 """Builds the Serve application graph from a ServeConfig (also the `import_path` of serve_config.yaml).
 
-Graph: Ingress -> {Reranker (holds the token store), FirstStage, Miner(-> Reranker)}.
+Graph: Ingress -> {Reranker (holds the token store), FirstStage, Miner(-> Reranker)}. FirstStage and
+Miner are plain classes (serving/first_stage.py, serving/miner.py) made deployments here, as in Ray's
+own examples; Reranker is a thin shell around serving/reranker_core.py.
 Without a checkpoint only the miner (embedding similarity) is served: what pretraining asks for
 before any EDJE checkpoint exists.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from ray import serve
 from ray.serve import Application
 
 from serving.config import ServeConfig
@@ -15,6 +18,9 @@ from serving.first_stage import FirstStage
 from serving.ingress import Ingress
 from serving.miner import Miner
 from serving.reranker import Reranker
+
+FirstStageDeployment = serve.deployment(FirstStage, name="FirstStage")
+MinerDeployment = serve.deployment(Miner, name="Miner")
 
 
 def check_tables(config: ServeConfig) -> None:
@@ -37,10 +43,10 @@ def build(config: ServeConfig) -> Application:
     reranker = first_stage = miner = None
     if config.checkpoint is not None:
         reranker = Reranker.options(**config.reranker.options()).bind(config)
-        first_stage = FirstStage.options(**config.first_stage.options()).bind(
+        first_stage = FirstStageDeployment.options(**config.first_stage.options()).bind(
             list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, config.live_dir)
     if config.caption_sources:
-        miner = Miner.options(**config.miner.options()).bind(
+        miner = MinerDeployment.options(**config.miner.options()).bind(
             list(config.image_tables), list(config.caption_sources), config.index_factory, config.backbone_pretrained,
             reranker, threads)
     return Ingress.options(**config.ingress.options()).bind(

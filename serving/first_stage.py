@@ -22,7 +22,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import faiss
 import numpy as np
 import torch
-from ray import serve
 
 from model.device import pick_device
 from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
@@ -106,7 +105,6 @@ class ImageQueryHits:
     missing: List[str]
 
 
-@serve.deployment
 class FirstStage:
     """Text, image or mixed query -> top-k image ids by cosine similarity of pooled embeddings."""
 

@@ -67,8 +67,9 @@ def _embedded_ipv4(ip: IPAddress) -> Optional[ipaddress.IPv4Address]:
 def address_kind(ip: IPAddress) -> Optional[str]:
     """Why an address is not public ('loopback', 'private', 'link-local', ...), or None for a public one."""
     inner = _embedded_ipv4(ip)
-    if inner is not None and address_kind(inner):
-        return address_kind(inner)
+    inner_kind = address_kind(inner) if inner is not None else None
+    if inner_kind:
+        return inner_kind
     for kind, flag in (("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback),
                        ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
                        ("private", ip.is_private), ("reserved", ip.is_reserved)):
@@ -94,8 +95,8 @@ class AddressPolicy:
         kind = address_kind(ip)
         if kind is None:
             return None
-        candidates = [ip] + [x for x in (_embedded_ipv4(ip),) if x is not None]
-        if any(c in net for c in candidates for net in self.networks if c.version == net.version):
+        candidates = (ip, _embedded_ipv4(ip))
+        if any(c is not None and c.version == net.version and c in net for c in candidates for net in self.networks):
             return None
         return f"a {kind} address"
 
@@ -119,7 +120,8 @@ def parse_allow(allow: Optional[Tuple[str, ...]]) -> AddressPolicy:
             continue
         except ValueError:
             if "/" in entry or ":" in entry or not entry:
-                raise ValueError(f"image_url_allow: {entry!r} is not a network, an address, 'loopback' or a host name") from None
+                raise ValueError(f"image_url_allow: {entry!r} is not a network, an address, 'loopback' "
+                                 "or a host name") from None
         hosts.add(_host_key(entry))
     return AddressPolicy(tuple(networks), frozenset(hosts))
 
@@ -163,6 +165,7 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         self.policy, self.inner = policy, inner or httpcore.AnyIOBackend()
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        """A stream to the first checked address of host that accepts; ImageInputError when any is refused."""
         addresses = await resolve_checked(host, port, self.policy)
         error: Optional[Exception] = None
         for ip in addresses:  # the next checked address when one refuses (e.g. ::1 first, a server on 127.0.0.1)
@@ -174,9 +177,11 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         raise error or httpcore.ConnectError(f"no address for {host!r}")
 
     async def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        """Never: image urls name network hosts only."""
         raise ImageInputError(422, "unix sockets are not fetched by this server")
 
     async def sleep(self, seconds: float) -> None:
+        """The inner backend's sleep (httpcore's retry backoff)."""
         await self.inner.sleep(seconds)
 
 

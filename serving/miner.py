@@ -30,7 +30,6 @@ from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 import fsspec
 import numpy as np
 import torch
-from ray import serve
 
 from schemas.token_table import TableMetadata, read_metadata, read_token_tables, vector_matrix
 from serving.first_stage import EmbeddingIndex, embed_texts, load_backbone, read_image_embeddings
@@ -175,7 +174,6 @@ def _search_filtered(index: EmbeddingIndex, queries: np.ndarray, want: int, ok) 
         k = min(len(index), 4 * k)
 
 
-@serve.deployment
 class Miner:
     """The hard-negative miner as a Serve deployment; rescoring goes through the reranker deployment."""
 

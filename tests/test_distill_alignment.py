@@ -1,4 +1,4 @@
-"""Distillation scores the same pairs, in the same order, for teacher and student (issue 12, item 1)."""
+"""Distillation scores the same pairs, in the same order, for teacher and student."""
 from __future__ import annotations
 
 from types import SimpleNamespace

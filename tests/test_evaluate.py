@@ -10,10 +10,10 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from evaluation.recall import (embedding_recall, recall, rerank, top_rankings, within_group_accuracy,
-                               within_group_pairs_by_kind)
+from evaluation.recall import rerank, within_group_accuracy, within_group_pairs_by_kind
 from model.backbone import VisionBackbone
 from model.edje import EDJEModel, save_checkpoint
+from model.recall import embedding_recall, recall, top_rankings
 from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, TableMismatchError, build_table, decode_tokens, read_token_table, write_token_table
 
@@ -113,7 +113,7 @@ def test_evaluate_raw_and_compressed_tables(tiny_world, tiny_edje_config, tmp_pa
     # Backbone only: the first stage must equal the embeddings' own recall, computed independently.
     _run(["--annotations", str(ann), "--tokens", str(raw), "--backbone-only", "--output", str(tmp_path / "bb")])
     bb = _check_outputs(tmp_path / "bb")
-    from evaluation.annotations import load_annotations
+    from schemas.annotations import load_annotations
     a = load_annotations(ann)
     table, meta = read_token_table(str(raw))
     order = {x: i for i, x in enumerate(table.column("image_id").to_pylist())}

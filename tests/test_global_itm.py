@@ -1,4 +1,4 @@
-"""The global-vector ITM baseline (issue 20; JointEncoderConfig.itm_input="global"): BERT over the caption
+"""The global-vector ITM baseline (JointEncoderConfig.itm_input="global"): BERT over the caption
 alone, the image as one vector (the mean of the adapter's tokens) fused with the text [CLS]."""
 from __future__ import annotations
 

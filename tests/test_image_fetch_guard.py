@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from serving.image_fetch import (ImageInputError, address_kind, client_for, fetch_image, fetch_images, parse_allow)
+from serving.image_fetch import ImageInputError, address_kind, client_for, fetch_image, fetch_images, parse_allow
 
 BODY = b"\x89PNG\r\n\x1a\n not decoded by the fetcher"
 STREAM_TOTAL = 256 * 1024 * 1024  # far more than the kernel's socket buffers hold
@@ -36,6 +36,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - http.server's naming
         server = self.server
         server.paths.append(self.path)
+        server.hosts.append(self.headers.get("Host"))
         parts = urlsplit(self.path)
         route = getattr(self, "_" + parts.path.strip("/"), None)
         if route is None:
@@ -95,7 +96,7 @@ def images():
     """A loopback image server: (server, base url); server.paths lists the paths it was asked for."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
-    server.paths, server.streamed = [], []
+    server.paths, server.hosts, server.streamed = [], [], []
     server.barrier, server.release = threading.Barrier(4, timeout=10), threading.Event()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -196,7 +197,52 @@ def test_loopback_urls_are_refused_by_default_before_any_connection(images, conn
 def test_loopback_urls_are_fetched_with_the_allow_option(images, host, allow):
     server, base = images
     assert _fetch(base.replace("127.0.0.1", host) + "/img", allow) == BODY
-    assert server.paths == ["/img"]
+    assert server.paths == ["/img"] and server.hosts == [f"{host}:{server.server_address[1]}"]  # Host is the url's
+
+
+def _self_signed(tmp_path, name: str):
+    """(cert, key) PEM files of a self-signed certificate for `name`."""
+    import datetime
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False).sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return tmp_path / "cert.pem", tmp_path / "key.pem"
+
+
+def test_https_connects_to_the_checked_address_with_the_host_name_as_sni(tmp_path, connect_guard):
+    """The connection goes to an address, the TLS handshake still names the url's host (then fails: self-signed)."""
+    import ssl
+
+    cert, key = _self_signed(tmp_path, "localhost")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    names = []
+    context.sni_callback = lambda sock, name, ctx: names.append(name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        e = _refused(f"https://localhost:{server.server_address[1]}/img", allow=("loopback",))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert e.status == 422 and "certificate" in e.detail.lower(), e.detail
+    assert names == ["localhost"]
+    assert connect_guard.attempts and all(_is_loopback(a) for a in connect_guard.attempts)
 
 
 def test_allow_entries_are_checked():
@@ -381,9 +427,9 @@ def _api(tmp_path, **config):
     """The ingress's FastAPI app (its real routes and fetch call) with a stand-in reranker; no Ray Serve."""
     from fastapi.testclient import TestClient
 
+    from model.ranking import RankingConfig
     from serving.config import ServeConfig
     from serving.ingress import Ingress, build_api
-    from model.ranking import RankingConfig
 
     cfg = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), live_dir=str(tmp_path),
                       auth_token_env=None, **config)

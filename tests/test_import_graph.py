@@ -30,9 +30,9 @@ def top_level_packages(root: Path) -> List[str]:
     return sorted(found - NOT_NODES)
 
 
-def imported_modules(path: Path) -> List[tuple]:
-    """(line, absolute module name) of every import in a file; in a folder of scripts, a sibling imported
-    by its bare name (a script runs with its own folder on sys.path) is named as if the folder were a package."""
+def imported_modules(path: Path, package: str) -> List[tuple]:
+    """(line, absolute module name) of every import in a file of top-level `package`; in a folder of scripts,
+    a sibling imported by its bare name (a script runs with its own folder on sys.path) counts as `package`'s."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     scripts = not (path.parent / "__init__.py").is_file()
     siblings = {p.stem for p in path.parent.glob("*.py")} if scripts else set()
@@ -47,7 +47,7 @@ def imported_modules(path: Path) -> List[tuple]:
         for name in names:
             head = name.split(".")[0]
             if head in siblings and head != path.stem:
-                name = f"{path.parent.name}.{name}"
+                name = f"{package}.{name}"
             out.append((node.lineno, name))
     return out
 
@@ -59,7 +59,7 @@ def import_graph(root: Path) -> Graph:
     for pkg in packages:
         for path in sorted((root / pkg).rglob("*.py")):
             rel = path.relative_to(root)
-            for line, name in imported_modules(path):
+            for line, name in imported_modules(path, pkg):
                 target = name.split(".")[0]
                 if target in graph and target != pkg:
                     graph[pkg][target].append(f"{rel}:{line} {name}")

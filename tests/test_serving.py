@@ -503,3 +503,20 @@ def test_killed_reranker_replica_is_replaced_under_load(served, corpus):
     assert len(after) == 2 and replacement in after and len(after & before) == 1
     # While the replica was gone, requests failed fast with a 5xx (or a dropped connection), never a 4xx.
     assert all(s == 200 or s >= 500 or s == -1 for s in statuses), sorted(set(statuses))
+
+
+def test_python_api_rank_equals_http_rerank(served, corpus):
+    """`EDJEReranker.rank` over the served tables gives the scores of POST /v1/rerank (fp32, within 1e-4)."""
+    from edje import EDJEReranker
+
+    url, http = served
+    docs = corpus.image_ids[3:15]
+    query = corpus.captions[4]
+    api = EDJEReranker.from_pretrained(corpus.checkpoint).open_tables(corpus.compressed_tables)
+    ranked = api.rank(query, docs)
+    body = http.post(url + "/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True}).json()
+    assert [h["corpus_id"] for h in ranked] == [x["index"] for x in body["results"]]
+    np.testing.assert_allclose([h["score"] for h in ranked], [x["relevance_score"] for x in body["results"]], atol=1e-4)
+    calibrated = http.post(url + "/v1/rerank", json={"query": query, "documents": docs}).json()
+    np.testing.assert_allclose([h["relevance"] for h in ranked], [x["relevance_score"] for x in calibrated["results"]],
+                               atol=1e-4)

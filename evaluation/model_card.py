@@ -1,0 +1,120 @@
+"""A checkpoint folder's model card (README.md), written from what its config.json records.
+
+`--add-eval LABEL=metrics.json` first records an evaluation's figures (jobs/evaluate.py's metrics.json,
+e.g. of `jobs/quickstart.py --seed S` on a world seed no run used) under "evaluations" in config.json,
+with the command that produced them; the card is then rendered from config.json alone, so a test can
+check that every shipped card says what its checkpoint records.
+
+  python -m evaluation.model_card checkpoints/edje-c16-bind \
+      --add-eval "seed 913=runs/qs913/eval/metrics.json" --eval-command "jobs/quickstart.py --seed 913"
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from model.ranking import RankingConfig
+from schemas.codecs import bytes_per_image
+
+CARD = "README.md"
+KINDS = ("colour", "shape", "size", "relation")
+LIMITS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: the joint encoder does not "
+          "route the relation word to its subject's cells (perfect scene tokens give the same).",
+          "Trained on the project's sample world only (small shapes on plain backgrounds, template captions); "
+          "real photographs and free-form captions need a checkpoint trained on real pairs.")
+
+
+def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: str) -> None:
+    """Add one evaluation's headline figures to the checkpoint's config.json (replacing one of the same label)."""
+    m = json.loads(Path(metrics_path).read_text())
+    row = {"label": label, "command": command}
+    for d in ("t2i", "i2t"):
+        row[d] = {"first_stage_r1": m[d]["first_stage"]["r1"], "reranked_r1": m[d]["reranked"]["r1"]}
+        fam = m[d].get("within_family")
+        if fam:
+            row[d]["within_family"] = fam["reranked"]["accuracy"]
+            row[d]["within_family_first_stage"] = fam["first_stage"]["accuracy"]
+            row[d]["by_kind"] = {k: v["accuracy"] for k, v in fam.get("by_kind", {}).get("reranked", {}).items()}
+    path = Path(checkpoint) / "config.json"
+    meta = json.loads(path.read_text())
+    meta["evaluations"] = [e for e in meta.get("evaluations", []) if e["label"] != label] + [row]
+    path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+
+
+def render(checkpoint: str) -> str:
+    """The model card of a checkpoint folder, from its config.json."""
+    folder = Path(checkpoint)
+    meta = json.loads((folder / "config.json").read_text())
+    cfg = meta["config"]
+    a, enc, b = cfg["adapter"], cfg["encoder"], cfg["backbone"]
+    bert = enc["bert_config"]
+    m = enc["num_image_tokens"]
+    width = bert["hidden_size"]
+    kind = f"compressed ({m} learned queries)" if a["kind"] == "compressed" else f"local (per-token MLP, {m} tokens)"
+    lines = [f"# {folder.name}", "",
+             "An EDJE reranker (joint encoder over a caption and an image's stored tokens) of the EDJE on Ray project.", "",
+             "## What it is", "",
+             f"- Adapter: {kind}; stored tokens per image: {m} x {width}, "
+             f"{bytes_per_image(m, width, 'int8'):,} B at int8, {bytes_per_image(m, width, 'fp16'):,} B at fp16, "
+             f"{bytes_per_image(m, width, 'int4'):,} B at int4 (plus the pooled embedding of the first stage).",
+             f"- Joint encoder: BERT, {bert['num_hidden_layers']} layers x {width} wide, {bert['num_attention_heads']} "
+             f"heads; captions up to {enc['max_text_tokens']} wordpieces; input length {enc['max_text_tokens'] + 3 + m} "
+             f"at most; word context {enc.get('word_context', 0)}.",
+             f"- Backbone (frozen; its tokens are what the adapter reads): `{b['name']}`, weights `{b['pretrained']}` "
+             f"(sha256 {str(b.get('weights_sha256') or 'not recorded')[:16]}...), feature layer `{b['feature_layer']}`.",
+             "", "## How it was trained", ""]
+    lines.append(f"- Command: {meta.get('command', 'not recorded')}")
+    metrics = meta.get("metrics", {})
+    if metrics:
+        mins = metrics.get("elapsed_s")
+        lines.append(f"- Length: {metrics.get('step', '?')} steps"
+                     + (f", {mins / 60:.1f} min of training wall time" if mins else "")
+                     + (f"; last logged ITM accuracy {metrics['itm_acc']:.3f}" if "itm_acc" in metrics else ""))
+    ranking = RankingConfig(**meta.get("ranking", {}))
+    lines += ["", "## Ranking rule", "", f"- {ranking.describe()}",
+              f"- Fusion weight chosen on: {ranking.chosen_on or 'not fitted (ITM alone)'}",
+              f"- Calibration fitted on: {ranking.calibrated_on or 'not calibrated'}", ""]
+    evals: List[Dict] = meta.get("evaluations", [])
+    lines += ["## Figures on world seeds no run used", ""]
+    if evals:
+        lines += ["| evaluation | T2I R@1 first stage -> reranked | I2T R@1 | within-family T2I (first stage -> reranked) | "
+                  "T2I twins: " + " / ".join(KINDS) + " |",
+                  "| --- | --- | --- | --- | --- |"]
+        for e in evals:
+            t, i = e["t2i"], e["i2t"]
+            kinds = " / ".join(_fmt(t.get("by_kind", {}).get(k)) for k in KINDS)
+            lines.append(f"| {e['label']} | {t['first_stage_r1']} -> **{t['reranked_r1']}** | {i['first_stage_r1']} -> "
+                         f"{i['reranked_r1']} | {_fmt(t.get('within_family_first_stage'))} -> "
+                         f"**{_fmt(t.get('within_family'))}** | {kinds} |")
+        lines += [""] + [f"- {e['label']}: `{e['command']}`" for e in evals]
+    else:
+        lines.append("None recorded.")
+    lines += ["", "## Known limits", ""] + [f"- {x}" for x in LIMITS] + [""]
+    return "\n".join(lines)
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def main(argv=None) -> None:
+    """CLI: record evaluations (optional), then write README.md into the checkpoint folder."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--add-eval", action="append", default=[], metavar="LABEL=METRICS_JSON")
+    p.add_argument("--eval-command", action="append", default=[],
+                   help="the command that produced each --add-eval's metrics (same order)")
+    a = p.parse_args(argv)
+    if len(a.eval_command) != len(a.add_eval):
+        raise SystemExit("give one --eval-command per --add-eval")
+    for spec, command in zip(a.add_eval, a.eval_command):
+        label, _, path = spec.partition("=")
+        record_evaluation(a.checkpoint, label, path, command)
+    (Path(a.checkpoint) / CARD).write_text(render(a.checkpoint))
+    print(f"wrote {Path(a.checkpoint) / CARD}")
+
+
+if __name__ == "__main__":
+    main()

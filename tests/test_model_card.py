@@ -1,0 +1,36 @@
+"""Model cards: every shipped checkpoint folder has a README.md that says what its config.json records."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evaluation.model_card import main, render
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p.parent for p in (REPO / "checkpoints").glob("*/config.json"))
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_cards_match_their_configs(folder):
+    card = folder / "README.md"
+    assert card.exists(), f"{folder.name} ships without a model card (python -m evaluation.model_card {folder})"
+    assert card.read_text() == render(str(folder)), f"regenerate: python -m evaluation.model_card {folder}"
+    text = card.read_text()
+    assert "Relation twins" in text and "## Ranking rule" in text and "Command:" in text
+
+
+def test_an_evaluation_is_recorded_and_shown(tmp_path):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(SHIPPED[0], ckpt)
+    kinds = {"colour": {"accuracy": 99.0, "pairs": 10}, "relation": {"accuracy": 50.5, "pairs": 10}}
+    metrics = {d: {"first_stage": {"r1": 23.0}, "reranked": {"r1": 67.2},
+                   "within_family": {"first_stage": {"accuracy": 25.0}, "reranked": {"accuracy": 70.5},
+                                     "by_kind": {"reranked": kinds}}} for d in ("t2i", "i2t")}
+    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    main([str(ckpt), "--add-eval", f"seed 913={tmp_path / 'm.json'}", "--eval-command", "jobs/quickstart.py --seed 913"])
+    text = (ckpt / "README.md").read_text()
+    assert "| seed 913 | 23.0 -> **67.2** |" in text and "99 / - / - / 50.5" in text
+    assert "`jobs/quickstart.py --seed 913`" in text
+    recorded = json.loads((ckpt / "config.json").read_text())["evaluations"]
+    assert [e["label"] for e in recorded] == ["seed 913"]
