@@ -1,7 +1,6 @@
 """Reranking of the top k and the binding diagnostics (within-family accuracy) over rankings.
 
-R@1/5/10 itself is model/recall.py; the names evaluation/rerank_eval.py still imports from here are
-imported below, and go once it imports them from model/recall.py.
+R@1/5/10 itself is model/recall.py (the backbone's training reports it too).
 """
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from model.recall import KS, i2t_answers, recall, t2i_answers  # noqa: F401
 
 
 def rerank(rankings: np.ndarray, k: int, scores: np.ndarray) -> np.ndarray:

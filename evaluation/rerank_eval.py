@@ -18,17 +18,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.annotations import Annotations, load_annotations
 from evaluation.calibration import calibration_report, fit_platt
-from evaluation.recall import (KS, i2t_answers, recall, rerank, t2i_answers, within_group_accuracy,
-                               within_group_pairs_by_kind)
+from evaluation.recall import rerank, within_group_accuracy, within_group_pairs_by_kind
 from model.backbone import VisionBackbone
-from model.codecs import TokenCodec
 from model.device import pick_device
 from model.edje import load_checkpoint
 from model.embedding_index import EmbeddingIndex
 from model.ranking import RankingConfig, read_ranking, write_ranking
+from model.recall import KS, i2t_answers, recall, t2i_answers
 from model.scoring import PairScorer
+from schemas.annotations import Annotations, load_annotations
+from schemas.codecs import TokenCodec
 from schemas.config import CodecConfig
 from schemas.token_table import (TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables,
                                  vector_matrix)

@@ -2,8 +2,12 @@
 
 Two shapes are accepted: one entry per caption (`{"image", "caption": str, "image_id"}`, the
 train split) and one entry per image (`{"image", "caption": [str, ...], "image_id"}`, val/test).
-Image paths are relative to the JSON file's folder. Training and evaluation both read them (the
-sample world writes them), so the reader sits with the other formats that cross a boundary.
+Image paths are relative to the JSON file's folder. Training, evaluation and the serving miner all
+read them (the sample world writes them), so the reader sits with the other formats that cross a boundary.
+
+One id rule for every reader (`image_id_of`): an entry's `image_id` when it has one, else its `image`
+path exactly as the file writes it (e.g. "images/0001.jpg", not the stem), so the same file gives the
+same ids in evaluation, training and the miner.
 """
 from __future__ import annotations
 
@@ -41,12 +45,26 @@ class Annotations:
         return [order[bounds[i]:bounds[i + 1]] for i in range(self.num_images)]
 
 
-def load_annotations(path: str | Path) -> Annotations:
-    """Read a Karpathy/BLIP annotation JSON; raises ValueError naming the first malformed entry."""
-    path = Path(path)
-    entries = json.loads(path.read_text(encoding="utf-8"))
+def image_id_of(entry: dict) -> str:
+    """The id of an annotation entry's image: its `image_id`, else its `image` path as written."""
+    return str(entry.get("image_id", entry["image"]))
+
+
+def read_entries(path: str | Path) -> list:
+    """The entries of an annotation JSON on any fsspec path; ValueError unless a non-empty list."""
+    import fsspec
+
+    with fsspec.open(str(path), "r", encoding="utf-8") as f:
+        entries = json.load(f)
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a non-empty JSON list of annotation entries")
+    return entries
+
+
+def load_annotations(path: str | Path) -> Annotations:
+    """Read a Karpathy/BLIP annotation JSON; raises ValueError naming the first malformed entry."""
+    entries = read_entries(path)
+    path = Path(path)
     index: dict = {}
     image_ids: List[str] = []
     image_paths: List[Path] = []
@@ -55,7 +73,7 @@ def load_annotations(path: str | Path) -> Annotations:
     for n, e in enumerate(entries):
         if not isinstance(e, dict) or "image" not in e or "caption" not in e:
             raise ValueError(f"{path}: entry {n} needs 'image' and 'caption', got {str(e)[:120]}")
-        key = str(e.get("image_id", e["image"]))
+        key = image_id_of(e)
         if key not in index:
             index[key] = len(image_ids)
             image_ids.append(key)

@@ -21,16 +21,15 @@ Devices: the text tower (annotation captions at start-up, unknown captions per r
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-import fsspec
 import numpy as np
 import torch
 
+from schemas.annotations import load_annotations
 from schemas.token_table import TableMetadata, read_metadata, read_token_tables, vector_matrix
 from serving.first_stage import EmbeddingIndex, embed_texts, load_backbone, read_image_embeddings
 
@@ -57,28 +56,6 @@ class Candidate:
     itm_logit: Optional[float] = None
 
 
-def read_annotations(path: str) -> List[Tuple[str, str]]:
-    """(image_id, caption) pairs of a Karpathy/BLIP annotation JSON; image_id defaults to the image file's stem."""
-    with fsspec.open(path, "r") as f:
-        entries = json.load(f)
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: annotations must be a JSON list of {{image, caption, image_id}} objects")
-    pairs = []
-    for n, e in enumerate(entries):
-        caps = e.get("caption") if isinstance(e, dict) else None
-        if caps is None:
-            raise ValueError(f"{path}: entry {n} has no 'caption'")
-        image_id = e.get("image_id")
-        if image_id is None:
-            image = e.get("image")
-            if not image:
-                raise ValueError(f"{path}: entry {n} has neither 'image_id' nor 'image'")
-            image_id = image.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-        for c in [caps] if isinstance(caps, str) else caps:
-            pairs.append((str(image_id), c))
-    return pairs
-
-
 def load_caption_corpus(paths: Sequence[str], meta: TableMetadata, backbone=None) -> CaptionCorpus:
     """Captions from raw token tables (stored embeddings) and annotation JSON (embedded by `backbone`)."""
     captions, image_ids, vectors = [], [], []
@@ -87,7 +64,8 @@ def load_caption_corpus(paths: Sequence[str], meta: TableMetadata, backbone=None
         if p.endswith(".json"):
             if backbone is None:
                 raise ValueError(f"{p}: annotation captions need the backbone's text tower to embed them")
-            pairs = read_annotations(p)
+            ann = load_annotations(p)
+            pairs = [(ann.image_ids[ann.caption_image[j]], c) for j, c in enumerate(ann.captions)]
             image_ids += [i for i, _ in pairs]
             captions += [c for _, c in pairs]
             vectors.append(embed_texts(backbone, [c for _, c in pairs]))

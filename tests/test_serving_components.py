@@ -12,7 +12,8 @@ from schemas.token_table import (TableMetadata, TableMismatchError, build_table,
                                  read_token_tables, vector_matrix, write_token_table)
 from serving.config import DeploymentResources, ServeConfig
 from serving.first_stage import EmbeddingIndex
-from serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus, read_annotations
+from schemas.annotations import load_annotations
+from serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus
 from serving.miner_client import MinedNegatives, neighbour_batch
 from serving.random_corpus import write_random_corpus
 from model.scoring import decode_blobs
@@ -114,7 +115,8 @@ def test_store_keeps_one_row_per_duplicated_id(corpus):
 def test_annotations_and_raw_tables_make_one_caption_corpus(corpus):
     from model.backbone import VisionBackbone
 
-    pairs = read_annotations(corpus.annotations)
+    ann = load_annotations(corpus.annotations)
+    pairs = [(ann.image_ids[ann.caption_image[j]], c) for j, c in enumerate(ann.captions)]
     assert len(pairs) == 80 and pairs[0] == ("img_00000", corpus.captions[0])
     meta = read_metadata(corpus.raw_table)
     backbone = VisionBackbone.create(corpus.config.backbone)
@@ -245,3 +247,19 @@ def test_app_refuses_mismatched_tables_at_start_up(corpus, tmp_path, tiny_edje_c
         build_app(args)
     assert other.compressed_tables[0] in str(err.value)
     build_app({**args, "token_tables": corpus.compressed_tables})  # the matching tables build
+
+
+def test_one_image_id_rule_for_evaluation_and_the_miner(tmp_path, corpus):
+    """An entry without image_id is named by its image path as written, by every reader."""
+    import json
+
+    from model.backbone import VisionBackbone
+
+    entries = [{"image": "images/a.jpg", "caption": ["a red circle"]},
+               {"image": "images/b.jpg", "caption": "a blue square", "image_id": "b-id"}]
+    path = tmp_path / "ann.json"
+    path.write_text(json.dumps(entries))
+    assert load_annotations(path).image_ids == ["images/a.jpg", "b-id"]
+    meta = read_metadata(corpus.raw_table)
+    cc = load_caption_corpus([str(path)], meta, VisionBackbone.create(corpus.config.backbone))
+    assert cc.image_ids == ["images/a.jpg", "b-id"]
