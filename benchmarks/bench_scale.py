@@ -251,10 +251,10 @@ def s3_ledger(shard_counts, sample: int = 50, threads: int = 16) -> list:
             k = min(sample, n // 2)
             early = [commit(output, s) for s in range(k)]  # the first commits, next to an empty ledger
             with ThreadPoolExecutor(threads) as pool:  # the bulk, untimed, to reach 50% committed
-                list(pool.map(lambda s: commit(output, s), range(k, n // 2)))
+                list(pool.map(lambda s, output=output: commit(output, s), range(k, n // 2)))
             r["resume_50%_s"] = round(resume(output), 3)
             with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda s: commit(output, s), range(n // 2, int(n * 0.99) - k)))
+                list(pool.map(lambda s, output=output: commit(output, s), range(n // 2, int(n * 0.99) - k)))
             late = [commit(output, s) for s in range(int(n * 0.99) - k, int(n * 0.99))]  # next to ~99% committed
             r["resume_99%_s"] = round(resume(output), 3)
             r["committed"] = len(committed_shards(output))
@@ -346,7 +346,8 @@ def main() -> None:
     for r in results:
         res = "/".join(f"{r['resume'][k]['resume_s']:.2f}" for k in ("0%", "50%", "99%"))
         cpu = "/".join(f"{r['resume'][k]['resume_cpu_s']:.2f}" for k in ("0%", "50%", "99%"))
-        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>8,} {r['rows_per_cpu_s']:>11,} {r['peak_rss_mb']:>12} ({r['arrow_peak_mb']}) "
+        print(f"{r['size']:>5} {r['rows']:>11,} {r['rows_per_s']:>8,} {r['rows_per_cpu_s']:>11,} "
+              f"{r['peak_rss_mb']:>12} ({r['arrow_peak_mb']}) "
               f"{r['peak_rss_mb'] / base['peak_rss_mb']:>8.2f}x  {res} ({cpu})")
 
 

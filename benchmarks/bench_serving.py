@@ -155,7 +155,7 @@ def bench_http(args, out: dict) -> None:
             ("in-process gather + score", f"{1e3 * pct(lat_local, 50):.1f}", f"{1e3 * pct(lat_local, 99):.1f}"),
             ("ratio HTTP / in-process", f"{pct(lat_http, 50) / pct(lat_local, 50):.2f}",
              f"{pct(lat_http, 99) / pct(lat_local, 99):.2f}")], ("", "p50", "p99"))
-        del model, store  # free memory and threads for the replica
+        model = store = None  # free memory and threads for the replica
 
         # 2. throughput with and without dynamic batching: both applications up at once, measured alternately.
         unbatched = replace(cfg, dynamic_batching=False, reranker=DeploymentResources(num_cpus=0, max_ongoing_requests=256))

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_recall import PY, ROOT, stage  # noqa: E402
+from bench_recall import PY, stage  # noqa: E402
 
 # The recipe that learned binding on perfect tokens (BENCHMARKS.md, "Binding"): a small BERT from
 # scratch without dropout and with word context; first MLM over whole attribute groups on one-object

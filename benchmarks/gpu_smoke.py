@@ -111,10 +111,10 @@ class Smoke:
     def spec(self, adapter: Optional[str], quant: str):
         import dataclasses
 
+        from model.backbone import default_feature_layer
         from pipeline.encode import EncoderSpec
         from schemas.config import BackboneConfig
         from schemas.shipped import DEFAULT_BACKBONE, shipped_weights
-        from model.backbone import default_feature_layer
 
         bb = BackboneConfig(DEFAULT_BACKBONE, shipped_weights(DEFAULT_BACKBONE), default_feature_layer(DEFAULT_BACKBONE))
         extra = {}
@@ -217,8 +217,7 @@ class Smoke:
         from model.edje import save_checkpoint
         from schemas.token_table import read_token_table, vector_matrix
         from training.config import ModelSpec, TrainJobConfig
-        from training.loop import (Position, build_optimizer, learning_rate, order_rows, planned_batches, step_inputs,
-                                   train_step)
+        from training.loop import Position, build_optimizer, learning_rate, order_rows, planned_batches, step_inputs, train_step
         from training.mining import MinerConfig
         from training.model_init import build_model
         from training.objectives import EDJEObjectives
@@ -345,10 +344,10 @@ class Smoke:
         import torch
 
         from model.edje import load_checkpoint, read_checkpoint_config
+        from model.scoring import PairScorer
         from sampleworld.world import annotation_path
         from serving.first_stage import FirstStage
         from serving.miner import Miner
-        from model.scoring import PairScorer
         from serving.reranker_core import PairChunk, score_chunks
         from serving.token_store import TokenStore
 
@@ -480,7 +479,6 @@ def run_jobs(args: argparse.Namespace, work: Path) -> Dict[str, Callable[[], str
 def peak_tflops(device) -> tuple:
     """(device name, dense bf16 peak TFLOP/s or None)."""
     import torch
-
     from bench_encode import BF16_PEAK_TFLOPS
 
     if device.type != "cuda":
@@ -498,9 +496,8 @@ def throughput_encode(args, work: Path, figures: dict) -> str:
     import dataclasses
 
     import numpy as np
-    import torch
-
     from bench_encode import random_adapter_checkpoint
+
     from pipeline.encode import EncodeBatch, EncoderSpec
     from schemas.config import BackboneConfig
 
@@ -524,7 +521,8 @@ def throughput_encode(args, work: Path, figures: dict) -> str:
     tokens = actor.backbone.token_shape[0]
     flops = 2 * params * tokens
     dev, peak = peak_tflops(actor.device)
-    figures["encode"] = dict(model=name, device=dev, images_per_s=round(rate, 1), batch=b, compute_dtype=extra.get("compute_dtype", "autocast"),
+    figures["encode"] = dict(model=name, device=dev, images_per_s=round(rate, 1), batch=b,
+                             compute_dtype=extra.get("compute_dtype", "autocast"),
                              gflops_per_image_approx=round(flops / 1e9, 1), bf16_peak_tflops=peak)
     return (f"{name} through EncodeBatch on {dev}: {rate:,.1f} images/s (batch {b}, {extra.get('compute_dtype', 'bf16 autocast')}), "
             f"~{flops / 1e9:.0f} GFLOP/img (2 x {params / 1e6:.0f}M params x {tokens} tokens), {share(flops, rate, peak)}")
@@ -533,8 +531,8 @@ def throughput_encode(args, work: Path, figures: dict) -> str:
 def throughput_pairs(args, figures: dict) -> str:
     """compressed-64 pairs/s of a MiniLM-L12-H384-shaped joint encoder at batches 64..4096 (bench_serving.py's)."""
     import torch
-
     from bench_serving import DTYPES, captions, encoder_config, timed
+
     from model.device import pick_device
     from model.joint_encoder import JointEncoder
 
@@ -549,7 +547,7 @@ def throughput_pairs(args, figures: dict) -> str:
     for b in args.pair_batches:
         seq = enc.tokenize_pairs(texts[:b], 64).input_ids.shape[1]
         with torch.inference_mode():
-            seconds = timed(lambda: enc.score(texts[:b], tokens[:b]), args.pair_reps)
+            seconds = timed(lambda b=b: enc.score(texts[:b], tokens[:b]), args.pair_reps)
         rate = b / seconds
         flops = 2 * layers * seq
         out[b] = dict(pairs_per_s=round(rate, 1), tokens_per_pair=seq, gflops_per_pair_approx=round(flops / 1e9, 3))

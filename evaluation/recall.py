@@ -9,7 +9,6 @@ from typing import Dict, Sequence
 import numpy as np
 
 
-
 def rerank(rankings: np.ndarray, k: int, scores: np.ndarray) -> np.ndarray:
     """Reorder the first k entries of each ranking by `scores` [Q, k] (higher first); the rest keep their order."""
     if scores.shape != (rankings.shape[0], k):

@@ -30,8 +30,7 @@ from model.scoring import PairScorer
 from schemas.annotations import Annotations, load_annotations
 from schemas.codecs import TokenCodec
 from schemas.config import CodecConfig
-from schemas.token_table import (TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables,
-                                 vector_matrix)
+from schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import open_clip
@@ -64,9 +64,9 @@ class ConvStemPatchEmbed(nn.Module):
 
 def _register_timm_models() -> None:
     """A tiny SigLIP-style timm ViT (no class token, MAP pooling) for tests and the embedded default."""
+    import timm
     from timm.models import register_model
     from timm.models.vision_transformer import VisionTransformer
-    import timm
 
     if "vit_edje_tiny_siglip_64" in timm.list_models("vit_edje_*"):
         return
@@ -269,9 +269,10 @@ class VisionBackbone(nn.Module):
 
 def _fetch(url: str) -> str:
     """Copy a remote (fsspec) checkpoint to a local cache file; open_clip loads local files."""
-    import fsspec
     import hashlib
     import tempfile
+
+    import fsspec
 
     local = Path(tempfile.gettempdir()) / "edje-ckpt" / hashlib.sha1(url.encode()).hexdigest() / Path(url).name
     if not local.exists():

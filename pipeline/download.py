@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from pipeline import storage
 from pipeline.decode import OK, PilResizer
 from pipeline.plan import read_shard_input
-from pipeline.reasons import DOWNLOAD_ERROR, split_reason, classify_download_error
+from pipeline.reasons import DOWNLOAD_ERROR, classify_download_error, split_reason
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # img2dataset imports albumentations, which phones home
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from model.backbone import default_feature_layer
+from model.device import pick_device
 from model.token_encoder import COMPUTE_DTYPES
 from schemas.config import BackboneConfig, CodecConfig, from_dict
 from schemas.shipped import DEFAULT_BACKBONE
@@ -127,7 +128,7 @@ class EncodeBatch:
         torch.set_num_threads(max(1, threads))
         adapter = _load_adapter(spec.adapter)[0] if spec.adapter else None
         self.encoder = TokenEncoder.create(spec.backbone, adapter, CodecConfig(spec.quant, spec.group_size),
-                                           torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                                           pick_device(None),
                                            spec.compute_dtype)
         self.with_text = adapter is None  # raw tables carry captions and their text embeddings
 

@@ -200,13 +200,13 @@ def main():
         # binding read-out: argmax within the group's own words, synonyms as one
         with torch.no_grad():
             acc = []
-            for row, l in zip(logits, lab.tolist()):
-                grp = gv.get(l, (None,))[0]
+            for row, label in zip(logits, lab.tolist()):
+                grp = gv.get(label, (None,))[0]
                 if grp is None:
                     continue
                 cand = [t for t, (gg, _) in gv.items() if gg == grp]
                 best = cand[int(row[cand].argmax())]
-                acc.append(canon[best] == canon[l])
+                acc.append(canon[best] == canon[label])
         return loss, (float(np.mean(acc)) if acc else float("nan"))
 
     @torch.no_grad()
@@ -261,7 +261,8 @@ def main():
         caps = [recs[i].captions[ci[j // 4]] for j, i in enumerate(idx)]
         if step <= cfg.single_steps:  # curriculum: one object per scene, "a large red circle"
             objs = [recs[i].scene.objects[int(rng.integers(len(recs[i].scene.objects)))] for i in idx]
-            caps = [article(f"{pick_word(SIZE_WORDS[o.size])} {pick_word(COLOUR_WORDS[o.colour])} {pick_word(SHAPE_WORDS[o.shape])}") for o in objs]
+            caps = [article(f"{pick_word(SIZE_WORDS[o.size])} {pick_word(COLOUR_WORDS[o.colour])} "
+                            f"{pick_word(SHAPE_WORDS[o.shape])}") for o in objs]
             raw = torch.from_numpy(st.batch([Scene((o,), recs[0].scene.background) for o in objs]))
         else:
             raw = toks[idx]

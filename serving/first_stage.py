@@ -17,15 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-import faiss
 import numpy as np
 import torch
 
 from model.device import pick_device
-from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
 from model.embedding_index import EmbeddingIndex
+from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
 from serving.live_images import LiveLog, embeddings_of_tables
 
 log = logging.getLogger("ray.serve")

@@ -28,11 +28,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from pipeline.decode import ImageRejected, decode_image
 from model.token_encoder import EncodedImages
+from pipeline.decode import ImageRejected, decode_image
 from pipeline.reasons import DECOMPRESSION_BOMB
-from serving.token_store import TokenBlobs
 from schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
+from serving.token_store import TokenBlobs
 
 log = logging.getLogger("ray.serve")
 

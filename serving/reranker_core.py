@@ -17,11 +17,13 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from model.device import pick_device
 from model.scoring import PairScorer, decode_blobs
 from schemas.token_table import TableMetadata
 from serving.config import ServeConfig
 from serving.live_images import AddResult, LiveImages, RejectedImage
 from serving.token_store import TokenBlobs, TokenStore
+
 
 @dataclass
 class PairChunk:
@@ -45,8 +47,8 @@ class Scores:
 
 
 def resolve_device(num_gpus: float) -> torch.device:
-    """cuda when the replica was given a GPU and one is visible, else cpu."""
-    return torch.device("cuda") if num_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+    """The device rule (model/device.py) for a replica: cpu unless it was given a GPU."""
+    return pick_device(None if num_gpus > 0 else "cpu")
 
 
 def score_chunks(scorer: PairScorer, meta: TableMetadata, chunks: Sequence[PairChunk]) -> List[np.ndarray]:

@@ -84,9 +84,9 @@ def test_backbone_is_built_and_probed_on_the_weights_device():
 def test_a_weights_file_replaced_in_place_is_refused(tmp_path):
     # A retrained backbone written over the shipped file must not silently pair with tables and
     # checkpoints made from the old weights: the recorded sha256 catches it.
-    from schemas.weights import weights_sha256
-    from training.model_init import check_backbone, edje_config, ModelSpec
     from schemas.token_table import TableMetadata
+    from schemas.weights import weights_sha256
+    from training.model_init import ModelSpec, check_backbone, edje_config
 
     path = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)

@@ -115,6 +115,7 @@ def test_word_context_starts_as_plain_bert_mixes_only_caption_words_and_is_kept_
 
 def test_adapter_grid_position_tells_cells_apart_and_travels_with_the_checkpoint(tiny_edje_config, tmp_path):
     from dataclasses import replace
+
     from model.adapters import grid_position
     table = grid_position(64, 128)
     torch.testing.assert_close(table.norm(dim=1), torch.ones(64))

@@ -23,8 +23,8 @@ import pytest
 from PIL import Image
 
 from pipeline import reasons
-from schemas.shipped import DEFAULT_BACKBONE
 from sampleworld.world import WorldConfig, generate, url_rows
+from schemas.shipped import DEFAULT_BACKBONE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,7 +149,7 @@ def planted_world(tmp: Path, n: int):
             f"{base}/empty.jpg\tnothing at all\tbad_empty", f"{base}/bad/trunc.jpg\thalf a jpeg\tbad_truncjpg",
             f"{base}/bad/trunc.png\thalf a png\tbad_truncpng", f"{base}/bad/bomb.png\ta bomb\tbad_bomb",
             f"{good[1]['url']}?e1\t\tbad_nocap", f"{good[2]['url']}?e2\t   \tbad_spacecap",
-            "just-one-field", f"not-a-url\ta caption\tbad_nourl",
+            "just-one-field", "not-a-url\ta caption\tbad_nourl",
         ]
         body += [p.encode() for p in planted]
         body += [f"{good[3]['url']}?u1\tbad ".encode() + b"\xff\xfe utf8\tbad_utf8a",
@@ -197,6 +197,7 @@ def two_node_cluster():
 
 def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_cluster):
     import ray
+
     from pipeline.job import run_encode_job
     from pipeline.write import parts_dir, stats_path
     from schemas.encode_job import EncodeJobConfig
@@ -329,8 +330,10 @@ def test_worker_node_removed_mid_run_then_rerun_completes(tmp_path):
 
 def test_s3_round_trip_with_compressed_int8_tables(tmp_path, tiny_edje_config):
     import json
+
     import s3fs
     from moto.server import ThreadedMotoServer
+
     from model.edje import EDJEModel, save_checkpoint
 
     ckpt = tmp_path / "ckpt"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_encode_e2e import serve  # the loopback HTTP server of the end-to-end tests
 
 from sampleworld.world import WorldConfig, generate, url_rows
-from test_encode_e2e import serve  # the loopback HTTP server of the end-to-end tests
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +34,9 @@ def _cfg(**kw):
 
 def test_http_list_int4_and_fp16_tables_and_reuse_with_another_model_or_input(tmp_path, ray_local, tiny_edje_config):
     from model.edje import EDJEModel, save_checkpoint
-    from schemas.config import BackboneConfig
     from pipeline.job import run_encode_job
     from pipeline.manifest import ManifestMismatchError
+    from schemas.config import BackboneConfig
     from schemas.token_table import decode_tokens, read_token_tables
 
     # Fixed backbone weights (the shipped small backbone): two runs must see the same backbone tokens.

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import int8_half_step
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -16,8 +17,6 @@ from model.edje import EDJEModel, save_checkpoint
 from model.recall import embedding_recall, recall, top_rankings
 from schemas.config import BackboneConfig
 from schemas.token_table import TableMetadata, TableMismatchError, build_table, decode_tokens, read_token_table, write_token_table
-
-from conftest import int8_half_step
 
 
 def test_recall_and_rerank_by_hand():
@@ -62,8 +61,8 @@ def test_within_family_pairs_by_twin_kind_by_hand():
 @pytest.fixture(scope="module")
 def tiny_world(tmp_path_factory):
     """A 32-image test split, a saved (random) tiny backbone, and a raw token table of the split."""
-    from sampleworld.world import WorldConfig, generate
     from evaluation.tables import encode_annotations
+    from sampleworld.world import WorldConfig, generate
 
     root = tmp_path_factory.mktemp("evalworld")
     generate(WorldConfig(seed=123, n_train=0, n_val=0, n_test=32), root / "world")

@@ -3,13 +3,12 @@ import json
 
 import pytest
 import torch
+from conftest import TINY_BERT
 
 from model.adapters import CompressionAdapter, LocalAdapter
 from model.edje import CheckpointError, EDJEModel, load_checkpoint, save_checkpoint
 from model.joint_encoder import JointEncoder
 from schemas.config import AdapterConfig, EDJEConfig, JointEncoderConfig
-
-from conftest import TINY_BERT
 
 
 @pytest.mark.parametrize("m", [32, 64])

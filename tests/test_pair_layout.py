@@ -5,14 +5,19 @@ import random
 
 import pytest
 import torch
+from conftest import TINY_BERT
 
 from model import wordpieces
 from model.joint_encoder import JointEncoder, PairBatch
-from research.legacy_pairs import (legacy_embed_pairs, legacy_mlm_logits, legacy_score, legacy_text_embedding,
-                                   legacy_text_inputs, legacy_tokenize_pairs)
+from research.legacy_pairs import (
+    legacy_embed_pairs,
+    legacy_mlm_logits,
+    legacy_score,
+    legacy_text_embedding,
+    legacy_text_inputs,
+    legacy_tokenize_pairs,
+)
 from schemas.config import JointEncoderConfig
-
-from conftest import TINY_BERT
 
 
 @pytest.fixture(scope="module")

@@ -324,13 +324,15 @@ def test_server_handles_concurrent_downloads(world) -> None:
 
 def test_cli_generate_and_urls(tmp_path: Path, world) -> None:
     out = tmp_path / "cli_world"
-    cmd = [sys.executable, "-m", "sampleworld", "generate", "--seed", "7", "--out", str(out), "--n-train", "48", "--n-val", "16", "--n-test", "32", "--image-size", "96", "--family-size", "4"]
+    cmd = [sys.executable, "-m", "sampleworld", "generate", "--seed", "7", "--out", str(out), "--n-train", "48", "--n-val", "16",
+           "--n-test", "32", "--image-size", "96", "--family-size", "4"]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert tree_digest(out) == tree_digest(world.root)  # CLI == API, same bytes
     tsv = tmp_path / "urls.tsv"
     res = subprocess.run(
-        [sys.executable, "-m", "sampleworld", "urls", "--world", str(out), "--base-url", "http://127.0.0.1:1234", "--out", str(tsv), "--splits", "val"],
+        [sys.executable, "-m", "sampleworld", "urls", "--world", str(out), "--base-url", "http://127.0.0.1:1234", "--out", str(tsv),
+         "--splits", "val"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from sampleworld.family import sample_family
 from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
-from schemas.token_table import read_token_table, decode_tokens, vector_matrix
+from schemas.token_table import decode_tokens, read_token_table, vector_matrix
 
 
 def _attribute_at(tok: SceneTokenizer, tokens: np.ndarray, table: dict) -> list:
@@ -51,6 +51,7 @@ def test_the_same_bag_of_attributes_is_not_the_same_tokens():
 
 def test_scene_token_tables_name_their_source_and_keep_the_backbones_embeddings(tmp_path):
     import open_clip
+
     from evaluation.tables import encode_annotations
     from model.backbone import VisionBackbone
     from sampleworld.world import WorldConfig, generate

@@ -27,8 +27,9 @@ pytestmark = pytest.mark.slow
 def unseen_world(tmp_path_factory):
     """Seed-23 test split (48 images in families of twins), compressed int8 tables made with the checkpoint's adapter."""
     from conftest import encode_world_with_checkpoint
-    from schemas.annotations import load_annotations
+
     from evaluation.rerank_eval import family_groups
+    from schemas.annotations import load_annotations
     from schemas.token_table import build_table, write_token_table
 
     root = tmp_path_factory.mktemp("unseen")

@@ -6,20 +6,27 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import int8_half_step
 
 from model.edje import load_checkpoint, read_checkpoint_config
-from schemas.token_table import (TableMetadata, TableMismatchError, build_table, decode_tokens, read_metadata,
-                                 read_token_tables, vector_matrix, write_token_table)
+from model.scoring import decode_blobs
+from schemas.annotations import load_annotations
+from schemas.token_table import (
+    TableMetadata,
+    TableMismatchError,
+    build_table,
+    decode_tokens,
+    read_metadata,
+    read_token_tables,
+    vector_matrix,
+    write_token_table,
+)
 from serving.config import DeploymentResources, ServeConfig
 from serving.first_stage import EmbeddingIndex
-from schemas.annotations import load_annotations
 from serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus
 from serving.miner_client import MinedNegatives, neighbour_batch
 from serving.random_corpus import write_random_corpus
-from model.scoring import decode_blobs
 from serving.token_store import TokenStore, UnknownImageIds
-
-from conftest import int8_half_step
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@ encodes with the shipped trained backbone, refuses a backbone without weights, a
 application serves the compressed tables it writes (scores equal to the in-process model's)."""
 from __future__ import annotations
 
-import os
 import dataclasses
 import glob
+import os
 import socket
 
 import numpy as np

@@ -24,6 +24,7 @@ BF16_SPAN_FRACTION = 0.03  # measured on CPU bf16, shipped checkpoint: max 0.019
 def pairs(tmp_path_factory):
     """Captions x compressed int8 tokens of an unseen sample world, and the table's metadata."""
     from conftest import encode_world_with_checkpoint
+
     from schemas.annotations import load_annotations
 
     ann_path, _, tokens, cmeta = encode_world_with_checkpoint(tmp_path_factory.mktemp("precision"), 29, 24, CHECKPOINT)

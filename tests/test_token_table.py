@@ -3,8 +3,17 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.token_table import (TableMetadata, TableMismatchError, build_table, decode_tokens, read_metadata,
-                                 read_token_table, read_token_tables, vector_matrix, write_token_table)
+from schemas.token_table import (
+    TableMetadata,
+    TableMismatchError,
+    build_table,
+    decode_tokens,
+    read_metadata,
+    read_token_table,
+    read_token_tables,
+    vector_matrix,
+    write_token_table,
+)
 
 
 def _meta(**kw):

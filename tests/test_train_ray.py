@@ -79,7 +79,7 @@ def test_two_worker_pretrain_checkpoints_and_resumes_after_kill(ray_local, pipel
     assert second.returncode == 0, text2[-4000:]
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", text2)]
     assert resumed and min(resumed) >= killed_at and min(resumed) < 6, text2[-4000:]
-    assert f"resumed from step 0" not in text2
+    assert "resumed from step 0" not in text2
     final_step, final_dir = _checkpoints(storage, "r1")[-1]
     assert final_step == 6
     # The checkpoint inside is our format: it loads as an EDJE model.
@@ -165,6 +165,7 @@ def test_distill_trains_a_compressed_student_on_the_teachers_scores(local_run, p
 
 def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipeline_tables):
     import numpy as np
+
     from model.backbone import VisionBackbone
     from schemas.config import BackboneConfig
     from schemas.token_table import read_token_tables, vector_matrix

@@ -24,8 +24,8 @@ from model.edje import EDJEModel, load_checkpoint, save_checkpoint
 from schemas.token_table import TableMetadata, vector_matrix
 from training.batches import TrainBatch, decode_batch, gather_batch
 from training.config import TrainJobConfig
-from training.mining import MinerConfig
 from training.masking import PieceGroups, WordGroups
+from training.mining import MinerConfig
 from training.model_init import build_model
 from training.negatives import MinerNegatives, Negatives, TokenLookup, in_batch_negatives
 from training.objectives import EDJEObjectives, teacher_scores
@@ -180,7 +180,7 @@ def train_loop_per_worker(config: dict) -> None:
     cfg: TrainJobConfig = config["job"]
     meta: TableMetadata = config["meta"]
     ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    rank = ctx.get_world_rank()
     torch.manual_seed(cfg.seed + rank)
     torch.set_num_threads(max(1, int(round(cfg.cpus_per_worker))))
     device = ray.train.torch.get_device()

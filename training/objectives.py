@@ -13,8 +13,8 @@ from torch import nn
 
 from model.edje import EDJEModel
 from training.batches import TrainBatch
-from training.masking import PieceGroups
 from training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
+from training.masking import PieceGroups
 from training.negatives import Negatives
 
 
