@@ -30,6 +30,11 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-objects", type=int, default=_DEFAULTS.max_objects,
                    help="most objects per scene (default %(default)s); --min-objects 1 --max-objects 1 --family-size 1 "
                    "is the curriculum's first world: one object per image, no twins")
+    g.add_argument("--held-out", nargs="+", default=[], metavar="VALUE+VALUE",
+                   help="attribute combinations withheld, e.g. red+circle large+square (see --held-out-mode)")
+    g.add_argument("--held-out-mode", choices=("exclude", "only"), default="exclude",
+                   help="exclude: no image shows a held-out combination (training worlds); only: every image shows "
+                   "one (the held-out test world)")
 
     u = sub.add_parser("urls", help="write a CC12M-style url list (url, caption, image_id) for a generated world")
     u.add_argument("--world", required=True, help="directory written by 'generate'")
@@ -59,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             captions_per_image=args.captions_per_image,
             min_objects=args.min_objects,
             max_objects=args.max_objects,
+            held_out=tuple(args.held_out),
+            held_out_mode=args.held_out_mode,
         )
         t0 = time.perf_counter()
         m = generate(config, args.out)

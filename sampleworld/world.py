@@ -13,6 +13,7 @@ import numpy as np
 
 from .captions import make_captions
 from .family import sample_family
+from .held_out import HeldOut
 from .render import encode_jpeg, render
 from .scene import COLOURS, RELATIONS, SHAPES, SIZES, Scene, Swap
 
@@ -21,6 +22,7 @@ FORMAT_VERSION = "sampleworld/1"
 IMAGE_DIR = "images"
 WORLD_JSON = "world.json"
 _ID_RE = re.compile(r"^sw_\d{6,}\.jpg$")
+_HELD_OUT_TRIES = 10_000
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,10 @@ class WorldConfig:
     # image, no twins (family_size 1), captions that name its three attributes.
     min_objects: int = 2
     max_objects: int = 3
+    # Withheld attribute combinations ("red+circle", "large+square"; sampleworld/held_out.py) and whether the
+    # world excludes them everywhere or is made only of images that show one.
+    held_out: tuple[str, ...] = ()
+    held_out_mode: str = "exclude"
 
     def families(self, split: str) -> int:
         """Number of families in ``split`` (nearest whole number; at least one if asked for any)."""
@@ -154,12 +160,21 @@ def sample_records(config: WorldConfig) -> list[ImageRecord]:
     if config.image_size < 16:
         raise ValueError("image_size must be >= 16")
     rng = np.random.default_rng(config.seed)
+    held = HeldOut.parse(config.held_out, config.held_out_mode) if config.held_out else None
     taken: set[tuple] = set()
     records: list[ImageRecord] = []
     family_id = 0
     for split in SPLITS:
         for _ in range(config.families(split)):
             members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects))
+            tries = 1
+            while held is not None and not held.admits([m.scene for m in members]):
+                # Only worlds with held-out combinations draw again, so every other seed keeps its bytes.
+                if tries >= _HELD_OUT_TRIES:
+                    raise ValueError(f"no family fits held-out {config.held_out} ({config.held_out_mode}) "
+                                     f"in {tries} draws")
+                members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects))
+                tries += 1
             # One caption seed per family: every member gets the same templates and synonym slots.
             caption_seed = int(rng.integers(2**63))
             for m in members:
@@ -187,6 +202,14 @@ def _clear_stale_images(image_dir: Path, keep: set[str]) -> None:
             p.unlink()
 
 
+def _config_json(config: WorldConfig) -> dict[str, Any]:
+    """world.json's config; a world without held-out combinations writes the same bytes as before they existed."""
+    cfg = asdict(config)
+    if not config.held_out:
+        del cfg["held_out"], cfg["held_out_mode"]
+    return cfg
+
+
 def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
     """Write images, annotations and world.json for ``config`` under ``out_dir``."""
     root = Path(out_dir)
@@ -209,7 +232,7 @@ def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
         root / WORLD_JSON,
         {
             "format": FORMAT_VERSION,
-            "config": asdict(config),
+            "config": _config_json(config),
             "counts": {
                 "images": counts,
                 "families": {s: config.families(s) for s in SPLITS},
@@ -228,7 +251,7 @@ def load_world(world_dir: str | Path) -> WorldManifest:
     data = json.loads((root / WORLD_JSON).read_text(encoding="utf-8"))
     if data.get("format") != FORMAT_VERSION:
         raise ValueError(f"{root / WORLD_JSON}: unknown format {data.get('format')!r}")
-    config = WorldConfig(**data["config"])
+    config = WorldConfig(**{**data["config"], "held_out": tuple(data["config"].get("held_out", ()))})
     records = tuple(ImageRecord.from_json(d) for d in data["images"])
     splits = {s: tuple(r.image_id for r in records if r.split == s) for s in SPLITS}
     annotations = {s: annotation_path(root, s) for s in SPLITS}

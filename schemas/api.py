@@ -4,7 +4,8 @@
 written for those services work by changing only their base URL. Documents are image ids of
 the served corpus. Unknown request fields are ignored (those clients send extras such as
 `max_tokens_per_doc`). A document object's `image` may also carry the image itself (an http(s)
-url, a `data:` url or base64 bytes; `image_source`). The request models are built from `ApiLimits` (`request_models`), so
+url, a `data:` url or base64 bytes; `image_source`), and a plain string that is an http(s) url is an
+image url (`document_ref`). The request models are built from `ApiLimits` (`request_models`), so
 the limits the server enforces (document count, text length, non-blank text, top_n >= 1) are
 the ones its OpenAPI schema states: one configuration, validated by pydantic, documented by FastAPI.
 `/v1/search` searches by a text, by a corpus image id, or by both (mixed-modal: the image and a text that
@@ -88,9 +89,11 @@ def image_source(value: str) -> Tuple[str, str]:
 
 
 def document_ref(doc: Union[str, BaseModel, Dict[str, Any]]) -> Tuple[str, str]:
-    """('id', image id) for documents naming a corpus image; ('url' | 'base64', value) for inline images."""
+    """('id', image id) for documents naming a corpus image; ('url' | 'base64', value) for inline images.
+    A plain string that is an http(s) url is an image url: what clients that send documents as strings
+    (Cohere's SDK, LangChain's CohereRerank) can say of an image outside the corpus."""
     if isinstance(doc, str):
-        return "id", doc
+        return ("url", doc) if doc.startswith(("http://", "https://")) else ("id", doc)
     fields = doc if isinstance(doc, dict) else doc.model_dump()
     for key in DOCUMENT_KEYS:
         if isinstance(fields.get(key), str):
@@ -136,7 +139,8 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
 
         image: Annotated[str, Field(min_length=1, max_length=limits.max_image_chars, pattern=NON_BLANK)]
 
-    Document = Union[ImageId, DocumentById, DocumentByImageId, DocumentByImage, DocumentByText]
+    # Url after ImageId: a bare url string longer than an id can be is still a document.
+    Document = Union[ImageId, Url, DocumentById, DocumentByImageId, DocumentByImage, DocumentByText]
 
     class RerankRequest(_Request):
         """Rank image documents for a text query (Jina /v1/rerank and Cohere /v2/rerank requests)."""
@@ -146,7 +150,8 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         documents: List[Document] = Field(
             ..., min_length=1, max_length=limits.max_documents,
             description="image ids of the served corpus, as strings or objects with an 'id' (or 'image_id', 'image', "
-                        "'text') field; {'image': url | base64} documents are images scored directly (at most "
+                        "'text') field; {'image': url | base64} documents, and strings that are http(s) urls, are "
+                        "images scored directly (at most "
                         f"{limits.max_image_documents} a request, each at most {limits.max_image_bytes} bytes and "
                         f"{limits.max_image_pixels} pixels)")
         top_n: Optional[int] = Field(None, ge=1, description="return only the best top_n (default: all)")
@@ -198,6 +203,8 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         top_k: int = Field(10, ge=1, le=limits.max_top_k, description="first-stage candidates handed to the reranker")
         top_n: Optional[int] = Field(None, ge=1, description="results returned (default: top_k)")
         raw_scores: bool = False
+        return_first_stage: bool = Field(False, description="also return all top_k candidates in first-stage order "
+                                                            "(`first_stage`), e.g. to show the order before reranking")
 
         @model_validator(mode="after")
         def _something_to_search_by(self):
@@ -291,6 +298,15 @@ class SearchResult(BaseModel):
     relevance_score: float
     first_stage_score: float = Field(..., description="cosine similarity of the pooled embeddings")
     url: Optional[str] = None
+    ranking_score: Optional[float] = Field(None, description="the uncalibrated ranking score the results are ordered "
+                                                             "by (set when reranked)")
+    first_stage_rank: Optional[int] = Field(None, description="1-based position among the first-stage candidates")
+
+
+class FirstStageHit(BaseModel):
+    image_id: str
+    first_stage_score: float = Field(..., description="cosine similarity of the pooled embeddings")
+    url: Optional[str] = None
 
 
 class SearchResponse(BaseModel):
@@ -299,6 +315,11 @@ class SearchResponse(BaseModel):
     usage: Usage
     reranked: bool = Field(True, description="false for an image-only query: results in first-stage order, "
                                              "relevance_score = first_stage_score (no text to rerank against)")
+    first_stage: Optional[List[FirstStageHit]] = Field(
+        None, description="with return_first_stage: the top_k candidates in first-stage order, before reranking")
+    expected_image_id: Optional[str] = Field(
+        None, description="the image the query text is a caption of, when the server's caption sources hold that "
+                          "exact caption for exactly one image (sample worlds, evaluation sets); absent otherwise")
 
 
 class NegativeImage(BaseModel):
@@ -361,3 +382,11 @@ class InfoResponse(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+class Readiness(BaseModel):
+    """GET /readyz: whether every deployment of the application answers, and what each said."""
+
+    status: Literal["ready", "not ready"]
+    deployments: Dict[str, str]  # deployment name -> "ok", or why not
+    detail: Optional[str] = None  # the deployments that did not answer, named

@@ -1,8 +1,10 @@
 """Builds the Serve application graph from a ServeConfig (also the `import_path` of serve_config.yaml).
 
 Graph: Ingress -> {Reranker (holds the token store), FirstStage, Miner(-> Reranker)}. FirstStage and
-Miner are plain classes (serving/first_stage.py, serving/miner.py) made deployments here, as in Ray's
-own examples; Reranker is a thin shell around serving/reranker_core.py.
+Miner are plain classes (serving/first_stage.py, serving/miner.py) made deployments in serving/deployments.py
+(the first stage's with its metrics); Reranker is a thin shell around serving/reranker_core.py.
+Options given here (ServeConfig's DeploymentResources) are defaults: a Serve config file's `deployments:`
+section overrides them, per deployment and option (serve_config.yaml sets replicas and resources there).
 Without a checkpoint only the miner (embedding similarity) is served: what pretraining asks for
 before any EDJE checkpoint exists.
 """
@@ -10,17 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ray import serve
 from ray.serve import Application
 
 from serving.config import ServeConfig
-from serving.first_stage import FirstStage
+from serving.deployments import FirstStageDeployment, MinerDeployment
 from serving.ingress import Ingress
-from serving.miner import Miner
 from serving.reranker import Reranker
-
-FirstStageDeployment = serve.deployment(FirstStage, name="FirstStage")
-MinerDeployment = serve.deployment(Miner, name="Miner")
 
 
 def check_tables(config: ServeConfig) -> None:

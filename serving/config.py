@@ -14,9 +14,11 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 @dataclass(frozen=True)
 class DeploymentResources:
-    """Replicas and per-replica resources of one deployment."""
+    """Replicas and per-replica resources of one deployment: the code's options, which a Serve config file's
+    `deployments:` section overrides (Serve applies the file's options over the code's, option by option)."""
 
-    num_replicas: int = 1
+    # None: not passed, so Serve's default (1) or the config file's `num_replicas` / `autoscaling_config` decides.
+    num_replicas: Optional[int] = None
     num_cpus: float = 0.0
     num_gpus: float = 0.0
     max_ongoing_requests: int = 64
@@ -30,17 +32,20 @@ class DeploymentResources:
     def __post_init__(self) -> None:
         if self.health_check_period_s <= 0 or self.health_check_timeout_s <= 0:
             raise ValueError("health_check_period_s and health_check_timeout_s must be > 0")
-        if self.num_replicas < 1:
+        if self.num_replicas is not None and self.num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError("num_cpus and num_gpus must be >= 0")
 
     def options(self) -> dict:
-        """Keyword arguments for `Deployment.options`."""
-        return dict(num_replicas=self.num_replicas, max_ongoing_requests=self.max_ongoing_requests,
-                    health_check_period_s=self.health_check_period_s, health_check_timeout_s=self.health_check_timeout_s,
-                    max_constructor_retry_count=self.max_constructor_retry_count,
-                    ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus})
+        """Keyword arguments for `Deployment.options` (num_replicas only when set)."""
+        options = dict(max_ongoing_requests=self.max_ongoing_requests, health_check_period_s=self.health_check_period_s,
+                       health_check_timeout_s=self.health_check_timeout_s,
+                       max_constructor_retry_count=self.max_constructor_retry_count,
+                       ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus})
+        if self.num_replicas is not None:
+            options["num_replicas"] = self.num_replicas
+        return options
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,16 @@ class ServeConfig:
     # None = public addresses only: loopback, private, link-local (cloud metadata) and the like are refused (422).
     image_url_allow: Optional[Tuple[str, ...]] = None
     image_cache_size: int = 1024  # encoded inline images kept per reranker replica (by content hash)
+    # Search page (GET /ui, serving/search_page.py) and thumbnails (GET /v1/images/{id}/thumbnail,
+    # serving/thumbnails.py; the route exists with the page or with an image source). Token tables hold no
+    # pixels: image_dir is a local folder of <id>[.jpg|.jpeg|.png|.webp] files, image_url_prefix a url the id is
+    # appended to (or put in place of "{image_id}"); without either, the corpus's stored url is fetched.
+    ui: bool = False
+    image_dir: Optional[str] = None
+    image_url_prefix: Optional[str] = None
     auth_token: Optional[str] = None  # bearer token; None = no auth (or taken from env auth_token_env)
     auth_token_env: Optional[str] = "EDJE_API_TOKEN"
+    ready_timeout_s: float = 5.0  # GET /readyz: how long each deployment may take to answer its probe (else 503)
     # max_ongoing_requests >= max_batch_pairs, so that small requests can fill a batch at one replica.
     reranker: DeploymentResources = DeploymentResources(num_cpus=1.0, max_ongoing_requests=256)
     first_stage: DeploymentResources = DeploymentResources()
@@ -95,6 +108,8 @@ class ServeConfig:
             allow = (self.image_url_allow,) if isinstance(self.image_url_allow, str) else tuple(self.image_url_allow)
             parse_allow(allow)  # a malformed entry fails here, at start-up, not at the first fetch
             object.__setattr__(self, "image_url_allow", allow)
+        if self.image_url_prefix is not None and not self.image_url_prefix.startswith(("http://", "https://")):
+            raise ValueError(f"image_url_prefix must be an http(s) url, got {self.image_url_prefix!r}")
         for name in ("token_tables", "miner_image_tables", "caption_sources"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -104,6 +119,8 @@ class ServeConfig:
             raise ValueError("a checkpoint is served over token tables: token_tables is empty")
         if self.checkpoint is None and not (self.miner_image_tables and self.caption_sources):
             raise ValueError("without a checkpoint only the miner is served: it needs miner_image_tables and caption_sources")
+        if self.ready_timeout_s <= 0:
+            raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         for name in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs", "max_image_bytes",

@@ -2,14 +2,19 @@
 
 Routes: POST /v1/rerank (Jina shape), /v2/rerank (Cohere shape), /v1/rerank/texts, /v1/search (only with a
 checkpoint; by text, by a corpus image + a text, or by a corpus image alone), /v1/images (with a checkpoint
-and a live_dir), /v1/negatives (only with a miner); GET /healthz, /v1/info; OpenAPI at /openapi.json and
-/docs. The bearer token is checked first, by a middleware, before the body is read or validated: every route
-but PUBLIC_PATHS answers 401 without it, whatever the body. A feature that is not deployed has no route (404),
+and a live_dir), /v1/negatives (only with a miner); GET /healthz (liveness), /readyz (readiness: every
+deployment answers), /v1/info, /v1/images/{id}/thumbnail (with
+the search page or an image source; serving/thumbnails.py), /ui (the search page, with `ui`; serving/search_page.py);
+OpenAPI at /openapi.json and /docs. The bearer token is checked first, by a
+middleware, before the body is read or validated: every route but PUBLIC_PATHS answers 401 without it,
+whatever the body. A feature that is not deployed has no route (404),
 never a 5xx. The request models come from `ServeConfig.api_limits()`, so the limits that the server enforces
 (422) are the ones the OpenAPI schema states. Unknown image ids are 404 (named). A downstream replica that
 dies mid-request is answered 503 (retry); Serve replaces the replica. Scored responses carry `X-EDJE-Replica`
 (the reranker replica) and `X-EDJE-Batch-Pairs` (pairs in the forward pass that scored them: > 1 when dynamic
-batching merged requests).
+batching merged requests). Every response carries Serve's request id as `X-Request-ID` (Serve's proxy sets it,
+keeping a client's own); /v2/rerank's `id` is that id. Every response is counted and timed by route and status
+code (serving/serve_metrics.py).
 """
 # No `from __future__ import annotations` here: FastAPI must see the real request types on the routes.
 import asyncio
@@ -17,6 +22,7 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import time
 import uuid
 from typing import Dict, List, Optional, Tuple
 
@@ -30,10 +36,14 @@ from ray import serve
 
 from model.ranking import RANKING_KEY, RankingConfig
 from schemas.api import (AddImageResponse, CohereRerankResponse, CohereResult, Document, Health, InfoResponse,
-                         NegativesResponse, RerankResponse, RerankResult, SearchResponse, SearchResult, TableInfo, Usage,
-                         request_models)
+                         NegativesResponse, Readiness, RerankResponse, RerankResult, SearchResponse, SearchResult,
+                         TableInfo, Usage, MAX_ID_CHARS, request_models)
 from serving.config import ServeConfig
 from serving.image_fetch import ImageInputError, image_bytes
+from serving.serve_metrics import IngressMetrics, RequestMetrics
+from serving.search_page import add_search_page, page_paths
+from serving.search_view import caption_image, first_stage_list, first_stage_ranks
+from serving.thumbnails import Thumbnails, add_thumbnail_route
 
 log = logging.getLogger("ray.serve")
 
@@ -51,19 +61,19 @@ NOT_FOUND = {404: {"model": ErrorBody, "description": "unknown image ids, named 
 IMAGE_ERRORS = {413: {"model": ErrorBody, "description": "an image larger than max_image_bytes or max_image_pixels"},
                 422: {"description": "invalid request, or an image that cannot be fetched or decoded (named)"}}
 DUPLICATE = {409: {"model": ErrorBody, "description": "the image id is already in the corpus"}}
-# Reachable without the token: liveness and the API's own description.
-PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# Reachable without the token: liveness, readiness and the API's own description.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 class BearerAuth:
     """ASGI middleware: every path but PUBLIC_PATHS needs `Authorization: Bearer <token>`, checked before
     the request body is read, so that no route (present or added later) validates or answers first."""
 
-    def __init__(self, app, token: Optional[str]):
-        self.app, self.token = app, token
+    def __init__(self, app, token: Optional[str], public: frozenset = PUBLIC_PATHS):
+        self.app, self.token, self.public = app, token, public
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or self.token is None or _route_path(scope) in PUBLIC_PATHS:
+        if scope["type"] != "http" or self.token is None or _route_path(scope) in self.public:
             return await self.app(scope, receive, send)
         header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
         scheme, _, given = header.partition(" ")
@@ -103,6 +113,27 @@ def _jsonable(errors: list) -> list:
             for e in errors]
 
 
+def request_id(request: Request) -> str:
+    """Serve's id of this request: the X-Request-ID its proxy set (a client's own is kept) and echoes; a fresh
+    uuid outside Serve."""
+    from ray.serve.context import _get_serve_request_context
+
+    return request.headers.get("x-request-id") or _get_serve_request_context().request_id or str(uuid.uuid4())
+
+
+async def _probe(method, timeout_s: float) -> str:
+    """'ok' when a deployment answers `method` within timeout_s, else why not."""
+    response = method.remote()
+    try:
+        await asyncio.wait_for(response, timeout_s)
+        return "ok"
+    except asyncio.TimeoutError:
+        response.cancel()
+        return f"no answer within {timeout_s:g} s"
+    except Exception as e:  # noqa: BLE001 - a dead or failing replica: say which error, stay up
+        return type(e).__name__
+
+
 def _ranked(scores, top_n: Optional[int], raw: bool, ranking: RankingConfig):
     """(index, relevance) best first: the raw ranking score, or its calibrated probability (model/ranking.py)."""
     order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))[: top_n or len(scores)]
@@ -117,8 +148,11 @@ def _ranked(scores, top_n: Optional[int], raw: bool, ranking: RankingConfig):
 class Ingress:
     """Validates requests, applies auth, fans out to the reranker, first stage and miner."""
 
+    metrics: Optional[IngressMetrics] = None  # None where the class is used without Serve (tests): nothing recorded
+
     def __init__(self, config: ServeConfig, auth_token: Optional[str], reranker=None, first_stage=None, miner=None):
         self.config, self.auth_token = config, auth_token
+        self.metrics = IngressMetrics()
         self.reranker, self.first_stage, self.miner = reranker, first_stage, miner
         self.checkpoint_meta = None
         self.ranking = RankingConfig()
@@ -135,11 +169,29 @@ class Ingress:
     # ------------------------------------------------------------------ helpers
     async def image(self, kind: str, value: str, where: str) -> Tuple[bytes, str]:
         """(bytes, source url or '') of an inline image; 413/422 naming `where` when it cannot be had."""
+        start, outcome = time.perf_counter(), "error"
         try:
-            return await image_bytes(kind, value, self.config.max_image_bytes, self.config.image_fetch_timeout_s,
-                                     self.config.image_url_hosts, self.config.image_url_allow)
+            got = await image_bytes(kind, value, self.config.max_image_bytes, self.config.image_fetch_timeout_s,
+                                    self.config.image_url_hosts, self.config.image_url_allow)
+            outcome = "ok"
+            return got
         except ImageInputError as e:
             raise HTTPException(e.status, f"{where}: {e.detail}") from None
+        finally:
+            if kind == "url" and self.metrics is not None:  # base64 is decoded, not fetched
+                self.metrics.image_fetch_seconds.observe(time.perf_counter() - start, tags={"outcome": outcome})
+
+    async def readiness(self) -> Dict[str, str]:
+        """'ok' or why not, per deployment behind this ingress: a cheap call to each, within ready_timeout_s."""
+        probes = {}
+        if self.reranker is not None:
+            probes["Reranker"] = self.reranker.ready
+        if self.first_stage is not None:
+            probes["FirstStage"] = self.first_stage.ready
+        if self.miner is not None:
+            probes["Miner"] = self.miner.info
+        answers = await asyncio.gather(*(_probe(m, self.config.ready_timeout_s) for m in probes.values()))
+        return dict(zip(probes, answers))
 
     async def documents(self, refs: List[Tuple[str, str]]) -> Tuple[List[str], Dict[int, bytes], List[Optional[str]]]:
         """Image ids of the documents ('sha256:<hex>' for inline images), inline bytes by position, source urls."""
@@ -204,7 +256,10 @@ def build_api(ing: Ingress) -> FastAPI:
                   description="Vision-language reranking over precomputed, compressed image tokens (EDJE, "
                               "arXiv 2510.06820). Documents are image ids of the served corpus.")
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_middleware(BearerAuth, token=ing.auth_token)  # enforces the token on every route but PUBLIC_PATHS
+    # Enforces the token on every route but PUBLIC_PATHS (and the search page's static files, which hold no data).
+    app.add_middleware(BearerAuth, token=ing.auth_token, public=PUBLIC_PATHS | (page_paths() if cfg.ui else frozenset()))
+    if ing.metrics is not None:  # added after BearerAuth, so outside it: its 401s are counted too
+        app.add_middleware(RequestMetrics, metrics=ing.metrics, routes=lambda: app.routes)
     bearer = HTTPBearer(auto_error=False, description="required when the server is started with an auth token")
     secured = [Security(bearer)]  # declares the scheme in OpenAPI; BearerAuth has already checked it
     name = cfg.model_name
@@ -227,12 +282,12 @@ def build_api(ing: Ingress) -> FastAPI:
 
         @app.post("/v2/rerank", response_model=CohereRerankResponse, responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS},
                   dependencies=secured, summary="Rank image documents for a query (Cohere /v2/rerank shape)")
-        async def rerank_cohere(req: RerankRequest, response: Response):
+        async def rerank_cohere(req: RerankRequest, response: Response, request: Request):
             ids, images, _ = await ing.documents(req.refs())
             scores = await ing.score(response, [req.query] * len(ids), ids, images=images)
             results = [CohereResult(index=i, relevance_score=s)
                        for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
-            return CohereRerankResponse(id=str(uuid.uuid4()), results=results)
+            return CohereRerankResponse(id=request_id(request), results=results)
 
         @app.post("/v1/rerank/texts", response_model=RerankResponse, response_model_exclude_none=True,
                   dependencies=secured, responses={**ERRORS, **NOT_FOUND},
@@ -249,6 +304,7 @@ def build_api(ing: Ingress) -> FastAPI:
                   summary="Search by text, by a corpus image and a text that modifies it, or by an image alone: "
                           "first stage top_k, reranked against the text by the joint encoder, best top_n")
         async def search(req: SearchRequest, response: Response):
+            expected = asyncio.ensure_future(caption_image(ing.miner, req.query))  # beside the search, never fails it
             query_embedding = None
             if req.image is None:
                 hits = await ing.call(ing.first_stage.search, req.query, req.top_k)
@@ -257,25 +313,42 @@ def build_api(ing: Ingress) -> FastAPI:
                 if found.missing:
                     raise HTTPException(404, f"unknown image ids: {found.missing}")
                 hits, query_embedding = found.hits, found.query_embedding
+            extra = dict(first_stage=[] if req.return_first_stage else None)
             if not hits:
                 return SearchResponse(model=req.model or name, results=[], usage=Usage(total_tokens=0),
-                                      reranked=req.query is not None)
+                                      reranked=req.query is not None, expected_image_id=await expected, **extra)
             ids = [h[0] for h in hits]
+            rank = first_stage_ranks(hits)
             if req.query is None:
                 # Image-only: the joint encoder scores a text against an image, and there is no text. The first
                 # stage's order is the answer (image-to-image cosine), said so by reranked=false.
                 shown = hits[: req.top_n or req.top_k]
-                urls = await ing.call(ing.reranker.image_urls, [h[0] for h in shown])
-                results = [SearchResult(image_id=i, relevance_score=c, first_stage_score=c, url=u)
+                urls = await ing.call(ing.reranker.image_urls, ids if req.return_first_stage else [h[0] for h in shown])
+                results = [SearchResult(image_id=i, relevance_score=c, first_stage_score=c, url=u, first_stage_rank=rank[i])
                            for (i, c), u in zip(shown, urls)]
+                if req.return_first_stage:
+                    extra["first_stage"] = first_stage_list(hits, urls)
                 return SearchResponse(model=req.model or name, results=results, usage=Usage(total_tokens=0),
-                                      reranked=False)
+                                      reranked=False, expected_image_id=await expected, **extra)
             # Text and mixed-modal queries rank alike: the reranker scores the text against each candidate.
             scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=True,
                                      query_embedding=query_embedding)
-            results = [SearchResult(image_id=ids[i], relevance_score=s, first_stage_score=hits[i][1], url=scores.urls[i])
+            results = [SearchResult(image_id=ids[i], relevance_score=s, first_stage_score=hits[i][1], url=scores.urls[i],
+                                    ranking_score=float(scores.logits[i]), first_stage_rank=i + 1)
                        for i, s in _ranked(scores.logits, req.top_n or req.top_k, req.raw_scores, ranking)]
-            return SearchResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)))
+            if req.return_first_stage:
+                extra["first_stage"] = first_stage_list(hits, scores.urls)
+            return SearchResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)),
+                                  expected_image_id=await expected, **extra)
+
+    if ing.reranker is not None and (cfg.ui or cfg.image_dir or cfg.image_url_prefix):
+        async def stored_url(image_id: str) -> Optional[str]:
+            return (await ing.call(ing.reranker.image_urls, [image_id]))[0]
+
+        add_thumbnail_route(app, Thumbnails(cfg, stored_url), secured, {
+            **ERRORS, 404: {"model": ErrorBody, "description": "no source has an image of this id"},
+            502: {"model": ErrorBody, "description": "the image's source could not give it (unreachable, not an image)"}},
+            MAX_ID_CHARS)
 
     if ing.reranker is not None and cfg.live_dir:
         AddImageRequest = models.add_image
@@ -311,6 +384,18 @@ def build_api(ing: Ingress) -> FastAPI:
     async def healthz():
         return Health(status="ok")
 
+    @app.get("/readyz", response_model=Readiness, response_model_exclude_none=True,
+             responses={503: {"model": Readiness, "description": "a deployment did not answer (named)"}},
+             summary="Readiness: every deployment of the application answers (503 naming those that do not)")
+    async def readyz():
+        states = {"Ingress": "ok", **await ing.readiness()}
+        down = {name: why for name, why in states.items() if why != "ok"}
+        if not down:
+            return Readiness(status="ready", deployments=states)
+        detail = "not answering: " + "; ".join(f"{name} ({why})" for name, why in down.items())
+        body = Readiness(status="not ready", deployments=states, detail=detail)
+        return JSONResponse(status_code=503, content=body.model_dump(exclude_none=True))
+
     @app.get("/v1/info", response_model=InfoResponse, responses={401: ERRORS[401]}, dependencies=secured,
              summary="Model, ranking rule and calibration, token table metadata, corpus size, limits")
     async def info():
@@ -325,5 +410,8 @@ def build_api(ing: Ingress) -> FastAPI:
             limits=cfg.limits(), precision=reranker["precision"] if reranker else None,
             ranking={**dataclasses.asdict(ranking), "rule": ranking.describe()} if ing.reranker is not None else None,
             live_images=reranker.get("live_images") if reranker else None)
+
+    if cfg.ui:
+        add_search_page(app)
 
     return app

@@ -7,6 +7,8 @@ Persistence and consistency go through one append log that every replica applies
 - ``<live_dir>/LOG``: one line per committed table, appended under an exclusive ``flock``. The
   replica that adds an image holds the lock while it checks the id against the whole log, writes
   the table (temp file + rename) and appends the line, so duplicate ids are refused across replicas.
+- ``<live_dir>/sources/<sha256 of the id>``: the image's own bytes, written before its line
+  (serving/live_sources.py), so that it has a thumbnail whatever its url does later.
 
 Each reranker and first-stage replica applies the log at start (all of it) and before every
 request (one ``stat`` of LOG: its size grows with every line; new lines -> read those tables). An
@@ -32,6 +34,7 @@ from model.token_encoder import EncodedImages
 from pipeline.decode import ImageRejected, decode_image
 from pipeline.reasons import DECOMPRESSION_BOMB
 from schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
+from serving.live_sources import keep_source
 from serving.token_store import TokenBlobs
 
 log = logging.getLogger("ray.serve")
@@ -245,6 +248,8 @@ class LiveImages:
                                  len(self.store))
             table = build_table_from_blobs(self.store.meta, [image_id], rows.blob, rows.scales, rows.embeddings,
                                            urls=[url])
+            # The bytes first, the log line last: an image any replica can see has its bytes (its thumbnail).
+            keep_source(self.log.dir, image_id, data)
             self.log.commit(table, f"{self.log.size():012d}-{sha[:16]}.parquet")
             self._apply_new()
         self.added += 1

@@ -179,6 +179,11 @@ class Miner:
         """Corpus sizes and sources, requests answered."""
         return {**self.summary, "requests": self.requests}
 
+    def image_of_caption(self, caption: str) -> Optional[str]:
+        """The image a caption belongs to in the caption sources, when exactly one image has it; else None."""
+        owners = self.miner.images_with_caption.get(caption) or self.miner.images_with_caption.get(caption.strip())
+        return next(iter(owners)) if owners and len(owners) == 1 else None
+
     def recent(self) -> List[dict]:
         """The last answered requests: client, anchor image ids and captions, negative image ids and captions."""
         return list(self.served)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -137,6 +137,10 @@ class RerankerCore:
     def add_image(self, data: bytes, image_id: Optional[str] = None, url: Optional[str] = None) -> AddResult:
         """Encode an image (backbone + adapter + codec) and add it to the corpus through the shared log."""
         return self.live.add(data, image_id, url)
+
+    def cache_counts(self) -> Tuple[int, int]:
+        """(hits, misses) of the inline-image cache since start (the Serve shell exports them as counters)."""
+        return self.live.cache.hits, self.live.cache.misses
 
     def image_urls(self, image_ids: List[str]) -> List[Optional[str]]:
         """Source urls of corpus images (None where unknown): what an unscored result (image-only search) echoes."""
