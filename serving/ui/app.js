@@ -106,16 +106,16 @@ function card(item, rank, kind, expected) {
   li.title = `${item.image_id}: click to search from this image`;
   if (item.image_id === expected) li.classList.add("expected");
 
-  const holder = el("div", "thumb loading");
+  const holder = el("div", "thumb");
   holder.append(el("span", "rank", `#${rank}`));
   if (item.image_id === expected) holder.append(el("span", "badge", "✓ caption"));
-  const frame = el("div", "frame");
+  const frame = el("div", "frame loading");
   holder.append(frame);
-  li.append(holder);
   fillThumb(frame, item.image_id);
+  li.append(holder, el("code", "id", item.image_id));
 
-  li.append(el("code", "id", item.image_id));
   const scores = el("div", "scores");
+  li.append(scores);
   if (kind === "first") {
     scores.append(el("span", "score", `cos ${fmt(item.first_stage_score)}`));
   } else {
@@ -126,16 +126,13 @@ function card(item, rank, kind, expected) {
     bar.append(fill);
     bar.title = `calibrated relevance ${fmt(item.relevance_score)}`;
     scores.append(bar, el("span", "rel", fmt(item.relevance_score, 2)));
-    const line = el("div", "scores sub");
-    line.append(el("span", "score", `score ${fmt(item.ranking_score, 2)}`));
+    const sub = el("div", "scores sub");
+    sub.append(el("span", "score", `score ${fmt(item.ranking_score, 2)}`));
     const moved = (item.first_stage_rank || rank) - rank;
-    line.append(el("span", moved > 0 ? "up" : moved < 0 ? "down" : "same",
+    sub.append(el("span", moved > 0 ? "up" : moved < 0 ? "down" : "same",
       moved > 0 ? `▲${moved}` : moved < 0 ? `▼${-moved}` : "="));
-    li.append(scores, line);
-    hookCard(li);
-    return li;
+    li.append(sub);
   }
-  li.append(scores);
   hookCard(li);
   return li;
 }
