@@ -109,9 +109,27 @@ def image_tokens_for_encoder(scorer: PairScorer, meta: TableMetadata, tokens: np
     return out
 
 
-def score_pairs(scorer: PairScorer, texts: Sequence[str], image_index: np.ndarray, images: torch.Tensor) -> np.ndarray:
+def score_pairs(scorer: PairScorer, texts: Sequence[str], image_index: np.ndarray, images: torch.Tensor,
+                label: str = "pairs") -> np.ndarray:
     """ITM logits for (texts[i], images[image_index[i]]) through the reranking core, as float32 numpy."""
-    return scorer.itm_logits(texts, images, image_index)
+    return scorer.itm_logits(texts, images, image_index, progress=progress_printer(label, len(texts)))
+
+
+def progress_printer(label: str, total: int, every_s: float = 10.0):
+    """A callback that prints `label: done/total pairs, pairs/s, eta` at most every `every_s` seconds and at the end."""
+    start = last = time.time()
+
+    def report(done: int) -> None:
+        nonlocal last
+        now = time.time()
+        if done < total and now - last < every_s:
+            return
+        last = now
+        rate = done / max(now - start, 1e-9)
+        print(f"[evaluate] {label}: {done}/{total} pairs ({100 * done // max(total, 1)}%), {rate:.0f} pairs/s, "
+              f"eta {int((total - done) / max(rate, 1e-9))} s", flush=True)
+
+    return report
 
 
 def evaluate(cfg: EvalConfig) -> Dict:
@@ -151,12 +169,14 @@ def evaluate(cfg: EvalConfig) -> Dict:
         k = min(cfg.k, ann.num_images)
         t = time.time()
         q = np.repeat(np.arange(len(ann.captions)), k)
-        s_t2i = score_pairs(scorer, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images).reshape(-1, k)
+        s_t2i = score_pairs(scorer, [ann.captions[j] for j in q], t2i_idx[:, :k].reshape(-1), images,
+                            "text->image").reshape(-1, k)
         timings["rerank_t2i_s"] = round(time.time() - t, 2)
         t = time.time()
         kc = min(cfg.k, len(ann.captions))
         caps = i2t_idx[:, :kc].reshape(-1)
-        s_i2t = score_pairs(scorer, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images).reshape(-1, kc)
+        s_i2t = score_pairs(scorer, [ann.captions[j] for j in caps], np.repeat(np.arange(ann.num_images), kc), images,
+                            "image->text").reshape(-1, kc)
         timings["rerank_i2t_s"] = round(time.time() - t, 2)
         timings["pairs_scored"] = int(len(ann.captions) * k + ann.num_images * kc)
 

@@ -52,7 +52,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                  dynamic_batching=None if args.no_batching is None else not args.no_batching,
                  max_batch_pairs=args.max_batch_pairs, auth_token_env=args.auth_token_env,
                  torch_threads=args.torch_threads, live_dir=args.live_dir,
-                 image_url_hosts=args.image_url_hosts, image_url_allow=args.image_url_allow)
+                 image_url_hosts=args.image_url_hosts, image_url_allow=args.image_url_allow,
+                 ui=args.ui, image_dir=args.image_dir, image_url_prefix=args.image_url_prefix)
     base.update({k: v for k, v in flags.items() if v is not None})
     rr = dict(base.get("reranker") or {})
     for key, value in (("num_replicas", args.reranker_replicas), ("num_gpus", args.reranker_gpus),
@@ -89,6 +90,11 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--live-dir", help="shared folder of the live-image log (enables POST /v1/images; added images "
                    "persist there as token tables and are loaded at start)")
     p.add_argument("--image-url-hosts", nargs="+", help="hosts image urls may name (default: any)")
+    p.add_argument("--ui", action="store_true", default=None,
+                   help="serve the search page at /ui (static files; the API behind it keeps its token)")
+    p.add_argument("--image-dir", help="local folder of <image id>.jpg|.png|... files: the thumbnails' source")
+    p.add_argument("--image-url-prefix", help="url the image id is appended to (or put in place of {image_id}) "
+                   "to fetch a thumbnail's image (default: the corpus's stored url)")
     p.add_argument("--image-url-allow", nargs="+",
                    help="non-public addresses image urls may reach: CIDRs, 'loopback' or host names "
                         "(default: none; loopback, private and link-local addresses are refused)")
@@ -136,7 +142,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     print(json.dumps({"application": args.name, "url": url, "ready_s": round(time.time() - started, 1),
                       "attempts": attempts, "checkpoint": cfg.checkpoint, "token_tables": len(cfg.token_tables),
-                      "auth": cfg.resolved_auth_token() is not None}), flush=True)
+                      "auth": cfg.resolved_auth_token() is not None,
+                      **({"search_page": f"{url}/ui/"} if cfg.ui else {})}), flush=True)
     if args.block:
         from ray import serve
 

@@ -6,7 +6,7 @@ score whichever door it came in by. Nothing here imports Ray.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -79,9 +79,10 @@ class PairScorer:
         return torch.cat([self.model.adapter(tokens[i:i + self.batch_size]) for i in range(0, len(tokens), self.batch_size)])
 
     @torch.inference_mode()
-    def itm_logits(self, texts: Sequence[str], tokens: torch.Tensor, image_index: Optional[np.ndarray] = None
-                   ) -> np.ndarray:
-        """ITM logits (float32) of (texts[i], tokens[image_index[i]]) (image_index None: tokens[i]), in batches."""
+    def itm_logits(self, texts: Sequence[str], tokens: torch.Tensor, image_index: Optional[np.ndarray] = None,
+                   progress: Optional[Callable[[int], None]] = None) -> np.ndarray:
+        """ITM logits (float32) of (texts[i], tokens[image_index[i]]) (image_index None: tokens[i]), in batches;
+        `progress(pairs done)` after each batch."""
         if image_index is None:
             if len(texts) != len(tokens):
                 raise ValueError(f"{len(texts)} texts but {len(tokens)} token rows")
@@ -91,6 +92,8 @@ class PairScorer:
             idx = torch.from_numpy(np.asarray(image_index[i:i + self.batch_size], dtype=np.int64)).to(tokens.device)
             rows = tokens[idx].to(self.device, self.dtype)
             out.append(self.model.encoder.score(list(texts[i:i + self.batch_size]), rows).float().cpu().numpy())
+            if progress is not None:
+                progress(min(i + self.batch_size, len(texts)))
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def blob_logits(self, meta: TableMetadata, texts: Sequence[str], blob: np.ndarray,

@@ -169,8 +169,8 @@ def _spy_scores(monkeypatch):
     calls = []
     real = re_eval.score_pairs
 
-    def spy(scorer, texts, image_index, images):
-        out = real(scorer, texts, image_index, images)
+    def spy(scorer, texts, image_index, images, label="pairs"):
+        out = real(scorer, texts, image_index, images, label)
         calls.append((images.clone(), out.copy()))
         return out
 
@@ -178,12 +178,15 @@ def _spy_scores(monkeypatch):
     return calls
 
 
-def test_evaluate_max_queries_per_image_scores_that_many_captions(tiny_world, tiny_ckpt, tmp_path):
+def test_evaluate_max_queries_per_image_scores_that_many_captions(tiny_world, tiny_ckpt, tmp_path, capsys):
     root, _, raw = tiny_world
     ckpt, _ = tiny_ckpt
     _run(["--annotations", str(root / "world" / "flickr30k_test.json"), "--tokens", str(raw), "--checkpoint", str(ckpt),
           "--k", "10", "--max-queries-per-image", "2", "--output", str(tmp_path / "lim")])
     _check_outputs(tmp_path / "lim")
+    # progress over the scored pairs of each direction, ending at 100 %
+    out = capsys.readouterr().out
+    assert "[evaluate] text->image: 640/640 pairs (100%)" in out and "[evaluate] image->text: 320/320 pairs (100%)" in out
     run = json.loads((tmp_path / "lim" / "run.json").read_text())
     # 32 images x 2 captions each are the text queries (not the split's 5 per image); i2t ranks those 64 captions.
     assert run["queries"] == {"t2i": 32 * 2, "i2t": 32}

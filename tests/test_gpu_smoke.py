@@ -62,7 +62,8 @@ def test_clis_take_a_device(capsys, tmp_path):
     cfg = config_from_args(parse(["--checkpoint", "c", "--tokens", str(tmp_path / "t.parquet"), "--first-stage-gpus", "1",
                                   "--miner-gpus", "0.5", "--reranker-gpus", "1"]))
     assert (cfg.first_stage.num_gpus, cfg.miner.num_gpus, cfg.reranker.num_gpus) == (1, 0.5, 1)
-    assert cfg.first_stage.num_replicas == 1 and cfg.reranker.max_ongoing_requests == 256
+    # Replica counts are left to Serve (or a config file's `deployments:`) unless a flag sets them.
+    assert cfg.first_stage.num_replicas is None and cfg.reranker.max_ongoing_requests == 256
     for main in (evaluate_main, train_backbone_main):
         with pytest.raises(SystemExit):
             main(["--help"])
