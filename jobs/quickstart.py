@@ -8,7 +8,8 @@ project's shipped checkpoints (or, with --pretrain-steps, a short pretraining on
 tables); 5. the encode job writes compressed int8 token tables with the checkpoint's adapter;
 6. evaluation before and after reranking; 7. Ray Serve with the reranker; one /v1/rerank
 request; 8. a table of recall before and after and the top results of that request.
-Everything it started is stopped at the end.
+Everything it started is stopped at the end; with --keep-serving the server stays up on the quickstart's
+corpus with the search page on (thumbnails from the sample world's image folder), until Ctrl-C.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class QuickstartConfig:
     pretrain_steps: int = 0
     num_cpus: int = 2
     test_images: Optional[int] = None  # encode and evaluate only the first N test images (whole families)
+    keep_serving: bool = False  # leave the server and its search page up until Ctrl-C
+    port: int = 0  # Serve's HTTP port (0: a free one)
 
 
 def step(n: int, text: str, t0: float) -> None:
@@ -119,16 +122,20 @@ def run(cfg: QuickstartConfig) -> dict:
                                               quant=cfg.quant, **common))
 
         step(6, f"evaluation: first stage (FAISS) vs EDJE reranking of the top {cfg.k}", t0)
-        metrics = evaluate(EvalConfig(annotations=str(annotations(world, cfg.test_images)), tokens=list(comp["tables"]),
+        ann = annotations(world, cfg.test_images)
+        metrics = evaluate(EvalConfig(annotations=str(ann), tokens=list(comp["tables"]),
                                       output=str(out / "eval"), checkpoint=checkpoint, k=cfg.k,
                                       backbone_pretrained=cfg.backbone_weights,
                                       max_queries_per_image=cfg.queries_per_image))
 
         step(7, "Ray Serve: token store + first stage + reranker behind FastAPI; one /v1/rerank request", t0)
-        port = free_port()
+        port = cfg.port or free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build(ServeConfig(checkpoint=checkpoint, token_tables=tuple(comp["tables"]),
-                                    backbone_pretrained=cfg.backbone_weights)), name="edje", route_prefix="/")
+        serve_cfg = ServeConfig(checkpoint=checkpoint, token_tables=tuple(comp["tables"]),
+                                backbone_pretrained=cfg.backbone_weights)
+        if cfg.keep_serving:
+            serve_cfg = serve_cfg.replace(**page_options(world, ann, out))
+        serve.run(build(serve_cfg), name="edje", route_prefix="/")
         query, documents, answer = rerank_request(world, cfg.test_images)
         base = f"http://127.0.0.1:{port}"
         response = requests.post(f"{base}/v1/rerank", json={"query": query, "documents": documents, "top_n": 5,
@@ -139,6 +146,10 @@ def run(cfg: QuickstartConfig) -> dict:
         (out / "rerank_response.json").write_text(json.dumps(response, indent=2))
         print(f"\nquickstart finished in {time.time() - t0:.0f}s; outputs under {out} "
               f"(eval/metrics.md, eval/examples.png, rerank_response.json)", flush=True)
+        if cfg.keep_serving:
+            server.stop()  # the page's thumbnails come from the world's image folder, not from this server
+            server = None
+            wait_for_interrupt(base, query)
         return {"metrics": metrics, "response": response}
     finally:
         try:
@@ -148,6 +159,32 @@ def run(cfg: QuickstartConfig) -> dict:
         ray.shutdown()
         if server is not None:
             server.stop()
+
+
+def page_options(world: Path, annotations_path: Path, out: Path) -> dict:
+    """ServeConfig fields of the kept server: the search page, thumbnails from the world's image folder, live
+    images, and the test captions (so that the page can mark the image a caption belongs to)."""
+    import shutil
+
+    live = out / "live"
+    # A fresh live folder each run: tables encoded with another run's checkpoint could not be loaded.
+    shutil.rmtree(live, ignore_errors=True)
+    return dict(ui=True, image_dir=str(world / "images"), live_dir=str(live), caption_sources=(str(annotations_path),))
+
+
+def wait_for_interrupt(base: str, query: str) -> None:
+    """Print the search page's address and block until Ctrl-C (the caller then stops everything)."""
+    from urllib.parse import quote
+
+    print(f"\nsearch page: {base}/ui/\n  a test caption, its image marked: {base}/ui/?q={quote(query)}", flush=True)
+    if os.environ.get("EDJE_API_TOKEN"):
+        print("  the page asks for the bearer token (EDJE_API_TOKEN)", flush=True)
+    print("serving until Ctrl-C", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nstopping the server, Ray and everything else the quickstart started", flush=True)
 
 
 def test_url_list(world: Path, base_url: str, path: Path, limit: Optional[int]) -> Path:
@@ -227,10 +264,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="run a short Ray Train pretraining from the shipped checkpoint first (default: none)")
     p.add_argument("--test-images", type=int, help="encode and evaluate only the first N test images (default: all)")
     p.add_argument("--num-cpus", type=int, default=d.num_cpus, help="CPUs of the local Ray (default %(default)s)")
+    p.add_argument("--keep-serving", action="store_true",
+                   help="leave the server up with the search page on (its address is printed) until Ctrl-C")
+    p.add_argument("--port", type=int, default=d.port, help="Serve's HTTP port (default: a free one)")
     a = p.parse_args(argv)
     run(QuickstartConfig(output=a.output, seed=a.seed, checkpoint=a.checkpoint, backbone_weights=a.backbone_weights,
                          quant=a.quant, k=a.k, queries_per_image=a.queries_per_image, pretrain_steps=a.pretrain_steps,
-                         num_cpus=a.num_cpus, test_images=a.test_images))
+                         num_cpus=a.num_cpus, test_images=a.test_images, keep_serving=a.keep_serving, port=a.port))
     return 0
 
 
