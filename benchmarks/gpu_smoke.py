@@ -208,7 +208,7 @@ class Smoke:
         info, actor, data, tables = self.encode(self.spec(None, "fp16"), {0: "train", 1: "test"}, self.work / "raw")
         self.raw_tables = tables
         details = [self.compare_to_reference(t, *data[sid]) for sid, t in zip((0, 1), tables)]
-        return f"on {actor.device}: " + "; ".join(details)
+        return f"on {actor.encoder.device}: " + "; ".join(details)
 
     # -- 2. training steps
     def train(self) -> str:
@@ -299,7 +299,7 @@ class Smoke:
         check(meta.kind == "compressed" and meta.adapter_hash == load_checkpoint(self.checkpoint).adapter_hash(),
               "compressed table's adapter hash differs from the checkpoint's")
         adapter = _load_adapter(self.checkpoint)[0]  # CPU fp32 reference adapter
-        return f"on {actor.device}: " + self.compare_to_reference(self.int8_table, *data[1], adapter=adapter)
+        return f"on {actor.encoder.device}: " + self.compare_to_reference(self.int8_table, *data[1], adapter=adapter)
 
     # -- 4. evaluation
     def evaluate(self) -> str:
@@ -505,7 +505,7 @@ def throughput_encode(args, work: Path, figures: dict) -> str:
     extra = {"compute_dtype": "bf16"} if "compute_dtype" in {f.name for f in dataclasses.fields(EncoderSpec)} else {}
     ckpt = random_adapter_checkpoint(work / "adapter-vitl", 1024)
     actor = EncodeBatch(EncoderSpec(BackboneConfig(name), ckpt, "int8", None, torch_threads=args.threads, **extra))
-    size, b = actor.backbone.preprocess.size, args.encode_batch_gpu
+    size, b = actor.encoder.backbone.preprocess.size, args.encode_batch_gpu
     rng = np.random.default_rng(0)
     batch = {"status": np.array(["ok"] * b, dtype=object), "image": rng.integers(0, 256, (b, size, size, 3), np.uint8),
              "caption": np.array(["x"] * b, dtype=object), "shard": np.zeros(b, np.int32), "row": np.arange(b, dtype=np.int32),
@@ -517,10 +517,10 @@ def throughput_encode(args, work: Path, figures: dict) -> str:
     for _ in range(n_batches):
         actor(batch)
     rate = n_batches * b / (time.perf_counter() - t)
-    params = sum(p.numel() for p in actor.backbone.visual.parameters())
-    tokens = actor.backbone.token_shape[0]
+    params = sum(p.numel() for p in actor.encoder.backbone.visual.parameters())
+    tokens = actor.encoder.backbone.token_shape[0]
     flops = 2 * params * tokens
-    dev, peak = peak_tflops(actor.device)
+    dev, peak = peak_tflops(actor.encoder.device)
     figures["encode"] = dict(model=name, device=dev, images_per_s=round(rate, 1), batch=b,
                              compute_dtype=extra.get("compute_dtype", "autocast"),
                              gflops_per_image_approx=round(flops / 1e9, 1), bf16_peak_tflops=peak)

@@ -254,7 +254,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default=d.output, help="output folder (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="sample world seed (default %(default)s: the benchmark's world)")
-    p.add_argument("--checkpoint", default=d.checkpoint, help="EDJE checkpoint (default: the shipped checkpoints/edje-local-bind, local adapter over the backbone tokens)")
+    p.add_argument("--checkpoint", default=d.checkpoint,
+                   help="EDJE checkpoint (default: the shipped checkpoints/edje-local-bind, local adapter over the backbone tokens)")
     p.add_argument("--backbone-weights", default=d.backbone_weights, help="backbone checkpoint (default: shipped)")
     p.add_argument("--quant", default=d.quant, choices=["fp16", "int8", "int4"], help="token storage (default %(default)s)")
     p.add_argument("--k", type=int, default=d.k, help="first-stage candidates reranked (default %(default)s)")

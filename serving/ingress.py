@@ -35,14 +35,29 @@ from pydantic import BaseModel
 from ray import serve
 
 from model.ranking import RANKING_KEY, RankingConfig
-from schemas.api import (AddImageResponse, CohereRerankResponse, CohereResult, Document, Health, InfoResponse,
-                         NegativesResponse, Readiness, RerankResponse, RerankResult, SearchResponse, SearchResult,
-                         TableInfo, Usage, MAX_ID_CHARS, request_models)
+from schemas.api import (
+    MAX_ID_CHARS,
+    AddImageResponse,
+    CohereRerankResponse,
+    CohereResult,
+    Document,
+    Health,
+    InfoResponse,
+    NegativesResponse,
+    Readiness,
+    RerankResponse,
+    RerankResult,
+    SearchResponse,
+    SearchResult,
+    TableInfo,
+    Usage,
+    request_models,
+)
 from serving.config import ServeConfig
 from serving.image_fetch import ImageInputError, image_bytes
-from serving.serve_metrics import IngressMetrics, RequestMetrics
 from serving.search_page import add_search_page, page_paths
 from serving.search_view import caption_image, first_stage_list, first_stage_ranks
+from serving.serve_metrics import IngressMetrics, RequestMetrics
 from serving.thumbnails import Thumbnails, add_thumbnail_route
 
 log = logging.getLogger("ray.serve")

@@ -92,6 +92,7 @@ def test_bad_documents_get_clear_errors(reranker, tmp_path):
     assert reranker.rank("a red circle", []) == []
 
 
+@pytest.mark.slow
 def test_rank_agrees_with_evaluate_within_family(reranker, tmp_path):
     """Ranking a caption's image against its three binding twins with the API wins as often as jobs/evaluate.py's
     within-family accuracy on the same unseen world (int8 storage on both sides), within 1 point."""

@@ -30,7 +30,7 @@ def _encode(spec: EncoderSpec, batch: dict) -> tuple[np.ndarray, np.ndarray]:
     torch.manual_seed(0)  # the same random backbone for every spec
     actor = EncodeBatch(spec)
     out = actor(batch)
-    n, d = actor.backbone.token_shape
+    n, d = actor.encoder.backbone.token_shape
     tokens = np.stack([np.frombuffer(b, "<f4").reshape(n, d) for b in out.column("tokens").to_pylist()])
     return tokens, np.asarray(out.column("image_embedding").to_pylist(), np.float32)
 

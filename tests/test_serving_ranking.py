@@ -22,6 +22,8 @@ from serving.config import DeploymentResources, ServeConfig
 from serving.random_corpus import write_random_corpus
 from serving.startup import StartupConfig, start_serve
 
+pytestmark = pytest.mark.slow  # Ray Train / Serve on a local cluster
+
 # The project's Serve proxy health checks (serving.startup), as the other serving modules set them: a local Ray
 # started on a loaded machine otherwise loses its proxy mid-start (ActorDiedError in serve.start).
 os.environ.update(StartupConfig().env())

@@ -120,27 +120,31 @@ def test_serve_job_starts_under_cpu_load_and_binds_loopback(corpus, cpu_hogs, tm
         _stop(proc)
 
 
-def test_serve_run_of_the_shipped_config_file(corpus, tmp_path):
-    """`serve run serve_config.yaml` as shipped, its demo paths pointed at a corpus and its port at a free one."""
+def test_serve_run_of_the_shipped_config_file(tmp_path):
+    """`serve run serve_config.yaml` as shipped (only its port moved to a free one), after the one step its header
+    and the README name: `python -m serving.random_corpus runs/serve-demo`, run where `serve run` then runs."""
+    from serving.random_corpus import caption_of
+
+    step = subprocess.run([sys.executable, "-m", "serving.random_corpus", "runs/serve-demo", "--images", "24"],
+                          cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=600)
+    assert step.returncode == 0, step.stderr[-4000:]
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     config["http_options"]["port"] = port
-    args = config["applications"][0]["args"]
-    args.update(checkpoint=corpus.checkpoint, token_tables=corpus.compressed_tables, caption_sources=[corpus.raw_table])
     assert config["http_options"]["host"] == "127.0.0.1"
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     log = tmp_path / "serve_run.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", str(path), "--address", "local"],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+                                cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, url, log, 540)
-        r = requests.post(url + "/v1/negatives", json={"pairs": [{"image_id": corpus.image_ids[0],
-                                                                  "caption": corpus.captions[0]}], "k": 2}, timeout=120)
+        r = requests.post(url + "/v1/negatives", json={"pairs": [{"image_id": "img_00000", "caption": caption_of(0)}],
+                                                       "k": 2}, timeout=120)
         assert r.status_code == 200 and len(r.json()["negatives"][0]["negative_images"]) == 2, r.text
-        r = requests.post(url + "/v1/rerank", json={"query": corpus.captions[0], "documents": corpus.image_ids[:3]},
+        r = requests.post(url + "/v1/rerank", json={"query": caption_of(0), "documents": ["img_00000", "img_00001"]},
                           timeout=120)
         assert r.status_code == 200, r.text
         _assert_loopback_only(port)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # Ray Train / Serve on a local cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAIN = [sys.executable, str(ROOT / "jobs" / "pretrain.py")]
 

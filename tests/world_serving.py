@@ -1,0 +1,77 @@
+"""A small sample world served by Ray Serve, for the search-page and integration tests.
+
+The world's test split goes through the shipped checkpoint's backbone and adapter (conftest's
+encode_world_with_checkpoint) into one compressed int8 table whose urls point at a loopback image server,
+as the quickstart's img2dataset step would record them.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKPOINT = str(REPO / "checkpoints" / "edje-local-bind")
+
+
+@dataclass
+class World:
+    """A generated, encoded sample world: its folder, annotation file, table, ids and first captions."""
+
+    root: Path
+    annotations: str
+    table: str
+    image_ids: List[str]
+    captions: List[str]  # the first caption of each image, in image_ids order
+
+    @property
+    def images(self) -> Path:
+        """The folder of <id>.jpg files."""
+        return self.root / "images"
+
+
+def encode_world(root: Path, seed: int, n_test: int, base_url: str) -> World:
+    """Generate and encode a world's test split; the table's urls are `base_url`/images/<id>.jpg."""
+    from conftest import encode_world_with_checkpoint
+
+    from schemas.annotations import load_annotations
+    from schemas.token_table import build_table, write_token_table
+
+    ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, seed, n_test, CHECKPOINT)
+    ids = table.column("image_id").to_pylist()
+    emb = np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])
+    path = str(root / "compressed.parquet")
+    write_token_table(build_table(cmeta, ids, tokens, emb, urls=[f"{base_url}/images/{i}.jpg" for i in ids]), path)
+    ann = load_annotations(ann_path)
+    first = [ann.captions[c[0]] for c in ann.image_to_captions()]
+    return World(root / "world", str(ann_path), path, list(ann.image_ids), first)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(config, name: str = "edje") -> str:
+    """Start Serve on a free loopback port with one application of `config`; its base url."""
+    from ray import serve
+
+    from serving.app import build
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build(config), name=name, route_prefix="/")
+    return f"http://127.0.0.1:{port}"
+
+
+def session(token: str) -> requests.Session:
+    """A requests session that sends the bearer token."""
+    http = requests.Session()
+    http.headers["Authorization"] = f"Bearer {token}"
+    return http
