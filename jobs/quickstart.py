@@ -138,8 +138,10 @@ def run(cfg: QuickstartConfig) -> dict:
         serve.run(build(serve_cfg), name="edje", route_prefix="/")
         query, documents, answer = rerank_request(world, cfg.test_images)
         base = f"http://127.0.0.1:{port}"
+        token = serve_cfg.resolved_auth_token()  # EDJE_API_TOKEN in the environment turns auth on
         response = requests.post(f"{base}/v1/rerank", json={"query": query, "documents": documents, "top_n": 5,
-                                                            "return_documents": True}, timeout=120).json()
+                                                            "return_documents": True}, timeout=120,
+                                 headers={"Authorization": f"Bearer {token}"} if token else {}).json()
 
         step(8, "results", t0)
         print_report(metrics, query, documents, answer, response, raw, comp)
@@ -173,9 +175,17 @@ def page_options(world: Path, annotations_path: Path, out: Path) -> dict:
 
 
 def wait_for_interrupt(base: str, query: str) -> None:
-    """Print the search page's address and block until Ctrl-C (the caller then stops everything)."""
+    """Print the search page's address and block until Ctrl-C or SIGTERM (the caller then stops everything)."""
+    import signal
     from urllib.parse import quote
 
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # Ray's own SIGTERM handler ends the process on the spot, leaving its agents behind; and a shell that starts
+    # this in the background ignores SIGINT. Both become a KeyboardInterrupt here, so that everything is stopped.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     print(f"\nsearch page: {base}/ui/\n  a test caption, its image marked: {base}/ui/?q={quote(query)}", flush=True)
     if os.environ.get("EDJE_API_TOKEN"):
         print("  the page asks for the bearer token (EDJE_API_TOKEN)", flush=True)

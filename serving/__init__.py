@@ -7,8 +7,15 @@ reranker       the Serve deployment around RerankerCore: @serve.batch across req
 first_stage    FAISS index (model/embedding_index.py) over pooled embeddings + the backbone's text tower (FirstStage)
 miner          corpus-wide hard negatives by embedding similarity, optionally rescored (Miner)
 image_fetch    image urls fetched with httpx, refusing non-public addresses unless allowed
+live_sources   the source bytes of live images, kept beside the log (their thumbnails)
+thumbnails     GET /v1/images/{id}/thumbnail: image folder, live bytes or url -> small cached JPEG
+search_view    what /v1/search adds for people: first-stage order, the caption's own image
+search_page    GET /ui: the static search page of serving/ui/ (HTML, JavaScript, CSS; no build step)
 ingress        FastAPI routes: /v1/rerank (Jina), /v2/rerank (Cohere), /v1/rerank/texts, /v1/search,
-               /v1/images, /v1/negatives, /healthz, /v1/info (Ingress)
-app            ServeConfig -> application graph (`serving.app:build_app` is serve_config.yaml's import path)
+               /v1/images, /v1/negatives, /healthz, /readyz, /v1/info (Ingress)
+serve_metrics  the Prometheus series (ray.serve.metrics) the Serve shells record, and the request-counting middleware
+deployments    FirstStage and Miner made Serve deployments (the first stage's timed, with a readiness call)
+app            ServeConfig -> application graph (`serving.app:build_app` is serve_config.yaml's import path;
+               the file's `deployments:` section sets replicas and resources over the code's options)
 miner_client   what training calls: fetch_negatives(url, image_ids, captions, k), neighbour_batch(...)
 """

@@ -230,7 +230,7 @@ class Ingress:
             status = 503 if any(w in kind for w in ("ActorDied", "ActorUnavailable", "BackPressure", "Unavailable",
                                                     "RayActorError", "Timeout")) else 500
             log.warning("downstream call %s failed: %s: %s", getattr(method, "_method_name", method), kind, e)
-            raise HTTPException(status, f"{'temporarily unavailable, retry' if status == 503 else 'internal error'}: {kind}")
+            raise HTTPException(status, f"{'temporarily unavailable, retry' if status == 503 else 'internal error'}: {kind}") from None
 
     async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False,
                     images: Optional[Dict[int, bytes]] = None, query_embedding: Optional[np.ndarray] = None):

@@ -115,10 +115,12 @@ class Reranker:
 
 
 def _with_assigned_resources(config: ServeConfig) -> ServeConfig:
-    """The config with the CPUs and GPUs Ray gave this replica as its reranker resources (unchanged outside Ray)."""
+    """The config with the CPUs and GPUs Ray gave this replica as its reranker resources (unchanged outside Serve)."""
     import ray
 
-    if not ray.is_initialized():
+    try:
+        serve.get_replica_context()
+    except Exception:  # noqa: BLE001 - not inside a Serve replica (in-process use): the config's own numbers
         return config
     got = ray.get_runtime_context().get_assigned_resources()
     resources = dataclasses.replace(config.reranker, num_cpus=got.get("CPU", 0.0), num_gpus=got.get("GPU", 0.0))

@@ -264,7 +264,7 @@ def test_miner_only_app_serves_negatives_from_raw_tables_and_annotations(served,
     r = requests.post(url + "/miner/v1/negatives", json={"pairs": [{"image_id": "img_00001", "caption": "x"}], "rescore": True})
     assert r.status_code == 422 and "rescore" in r.json()["message"]
     spec = requests.get(url + "/miner/openapi.json").json()
-    assert set(spec["paths"]) == {"/v1/negatives", "/healthz", "/v1/info"}
+    assert set(spec["paths"]) == {"/v1/negatives", "/healthz", "/readyz", "/v1/info"}
     assert spec["components"]["schemas"]["NegativesRequest"]["properties"]["rescore"]["const"] is False
     info = requests.get(url + "/miner/v1/info").json()
     assert info["miner"]["captions"] == 96 and info["corpus_size"] == 48 and info["token_store"] is None

@@ -119,6 +119,23 @@ def test_readyz_names_the_deployment_that_does_not_answer(tmp_path):
     assert client.get("/healthz").status_code == 200  # liveness stays up
 
 
+def test_dashboard_and_readme_name_the_series_the_code_defines():
+    """docs/grafana_edje.json and README "Monitoring" query `ray_edje_*` series: each is one serve_metrics.py makes."""
+    import json
+    import re
+
+    defined = set(re.findall(r'\b(?:Counter|Histogram|Gauge)\(\s*"(edje_\w+)"', (ROOT / "serving/serve_metrics.py").read_text()))
+    assert {"edje_http_requests", "edje_forward_seconds", "edje_corpus_rows"} <= defined, defined
+    dashboard = json.loads((ROOT / "docs/grafana_edje.json").read_text())
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    readme = (ROOT / "README.md").read_text()
+    monitoring = readme[readme.index("## Monitoring"):]
+    for where, text in (("dashboard", exprs), ("README", monitoring)):
+        used = {re.sub(r"_(total|bucket|count|sum)$", "", m) for m in re.findall(r"\bray_(edje_\w+)", text)}
+        assert used and used <= defined, (where, sorted(used - defined))
+    assert defined <= {re.sub(r"_(total|bucket|count|sum)$", "", m) for m in re.findall(r"\bray_(edje_\w+)", monitoring)}
+
+
 # ------------------------------------------------------------------------------------ served
 def shipped_config(corpus, port: int) -> dict:
     """serve_config.yaml as shipped, its demo paths pointed at `corpus`, its port at `port`, with a bearer token."""
