@@ -173,6 +173,8 @@ def _assigned_cpus() -> int:
     try:
         import ray
 
+        if not ray.is_initialized():  # asking the runtime context would start a local Ray instance
+            raise RuntimeError("not in Ray")
         return int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)) or 1
     except Exception:  # noqa: BLE001 - not inside a Ray worker
         return int(os.environ.get("OMP_NUM_THREADS", "1"))

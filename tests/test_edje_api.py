@@ -128,6 +128,7 @@ def test_rank_agrees_with_evaluate_within_family(reranker, tmp_path):
 
 def test_encode_images_gives_the_encode_jobs_bytes(reranker, tmp_path):
     """The encode job's actor (pipeline/encode.py EncodeBatch) and encode_images store the same bytes for an image."""
+    import ray
     from pipeline.decode import decode_image
     from pipeline.encode import OK, EncodeBatch, EncoderSpec
     from sampleworld.world import WorldConfig, generate
@@ -146,6 +147,7 @@ def test_encode_images_gives_the_encode_jobs_bytes(reranker, tmp_path):
     rows = reranker.encode_images([str(f) for f in files])
     assert [bytes(x) for x in rows.blob] == out.column("tokens").to_pylist()
     assert [x.tobytes() for x in rows.scales] == out.column("token_scales").to_pylist()
+    assert not ray.is_initialized()  # the actor class outside Ray starts no Ray instance of its own
 
 
 def test_save_pretrained_round_trips_bit_for_bit(reranker, tmp_path):
