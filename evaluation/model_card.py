@@ -69,7 +69,7 @@ def render(checkpoint: str) -> str:
     metrics = meta.get("metrics", {})
     if metrics:
         mins = metrics.get("elapsed_s")
-        lines.append(f"- Length: {metrics.get('step', '?')} steps"
+        lines.append(f"- Last training stage: {metrics.get('step', '?')} steps"
                      + (f", {mins / 60:.1f} min of training wall time" if mins else "")
                      + (f"; last logged ITM accuracy {metrics['itm_acc']:.3f}" if "itm_acc" in metrics else ""))
     ranking = RankingConfig(**meta.get("ranking", {}))

@@ -30,11 +30,11 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
+from schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
 
 BACKBONE = DEFAULT_BACKBONE
 BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
-CHECKPOINT = ROOT / "checkpoints" / "edje-local-bind"
+CHECKPOINT = ROOT / DEFAULT_RERANKER
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--output", default=d.output, help="output folder (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="sample world seed (default %(default)s: the benchmark's world)")
     p.add_argument("--checkpoint", default=d.checkpoint,
-                   help="EDJE checkpoint (default: the shipped checkpoints/edje-local-bind, local adapter over the backbone tokens)")
+                   help=f"EDJE checkpoint (default: the shipped {DEFAULT_RERANKER}, 16 compressed tokens a image; "
+                   f"{LOCAL_RERANKER} is the local one over all 64 backbone tokens)")
     p.add_argument("--backbone-weights", default=d.backbone_weights, help="backbone checkpoint (default: shipped)")
     p.add_argument("--quant", default=d.quant, choices=["fp16", "int8", "int4"], help="token storage (default %(default)s)")
     p.add_argument("--k", type=int, default=d.k, help="first-stage candidates reranked (default %(default)s)")

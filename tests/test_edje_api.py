@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from edje import EDJEReranker, UnknownDocument
+from schemas.shipped import DEFAULT_RERANKER
 
 REPO = Path(__file__).resolve().parent.parent
-CHECKPOINT = REPO / "checkpoints" / "edje-local-bind"
+CHECKPOINT = REPO / DEFAULT_RERANKER
 
 
 def _block(marker: str) -> str:
@@ -129,6 +130,7 @@ def test_rank_agrees_with_evaluate_within_family(reranker, tmp_path):
 def test_encode_images_gives_the_encode_jobs_bytes(reranker, tmp_path):
     """The encode job's actor (pipeline/encode.py EncodeBatch) and encode_images store the same bytes for an image."""
     import ray
+
     from pipeline.decode import decode_image
     from pipeline.encode import OK, EncodeBatch, EncoderSpec
     from sampleworld.world import WorldConfig, generate
