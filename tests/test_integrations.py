@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from world_serving import Remote
 
 from serving.config import DeploymentResources, ServeConfig
 from serving.startup import StartupConfig
@@ -28,20 +29,12 @@ SAME_IMAGE_ATOL = 0.02
 
 
 # ------------------------------------------------------------------------------------------ in-process
-class _Remote:
-    def __init__(self, fn):
-        self.fn = fn
-
-    async def remote(self, *args):
-        return self.fn(*args)
-
-
 class _Reranker:
     """Records what the ingress asks it to score; every pair scores 0."""
 
     def __init__(self):
         self.calls = []
-        self.score_pairs = _Remote(self._score)
+        self.score_pairs = Remote(self._score)
 
     def _score(self, texts, image_ids, with_urls=False, text_embeddings=None, images=None):
         self.calls.append((list(image_ids), images))

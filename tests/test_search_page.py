@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 from PIL import Image
+from world_serving import Remote
 
 from serving.config import DeploymentResources, ServeConfig
 from serving.startup import StartupConfig
@@ -34,19 +35,9 @@ def _png(pixels: np.ndarray) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------ in-process
-class _Remote:
-    """A stand-in deployment method: `await x.remote(...)` calls fn."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    async def remote(self, *args):
-        return self.fn(*args)
-
-
 class _Reranker:
     def __init__(self, urls=None):
-        self.image_urls = _Remote(lambda ids: [(urls or {}).get(i) for i in ids])
+        self.image_urls = Remote(lambda ids: [(urls or {}).get(i) for i in ids])
 
 
 def _app(tmp_path, ui=True, **fields):

@@ -18,6 +18,16 @@ REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = str(REPO / "checkpoints" / "edje-local-bind")
 
 
+class Remote:
+    """A stand-in deployment method for in-process ingress tests: `await x.remote(...)` calls fn."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    async def remote(self, *args):
+        return self.fn(*args)
+
+
 @dataclass
 class World:
     """A generated, encoded sample world: its folder, annotation file, table, ids and first captions."""
