@@ -21,7 +21,7 @@ from PIL import Image
 
 from model.device import pick_device
 from model.edje import read_checkpoint_config
-from model.scoring import PairScorer, decode_blobs
+from model.scoring import PairScorer
 from model.token_encoder import EncodedImages, TokenEncoder
 from schemas.config import BackboneConfig, CodecConfig, EDJEConfig, from_dict
 from schemas.shipped import REPO_ROOT
@@ -116,7 +116,7 @@ class EDJEReranker:
             return np.zeros(0, np.float32)
         texts = [_text(t) for t, _ in pairs]
         rows, meta = self._document_rows([d for _, d in pairs])
-        logits = self.scorer.itm_logits(texts, decode_blobs(meta, rows.blob, rows.scales, self.scorer.device))
+        logits = self.scorer.blob_logits(meta, texts, rows.blob, rows.scales)
         if not calibrated:
             return logits
         return self.scorer.relevance(self._scores(texts, logits, rows.embeddings, first_stage_scores))
@@ -131,7 +131,7 @@ class EDJEReranker:
         query = _text(query)
         texts = [query] * len(documents)
         rows, meta = self._document_rows(documents)
-        logits = self.scorer.itm_logits(texts, decode_blobs(meta, rows.blob, rows.scales, self.scorer.device))
+        logits = self.scorer.blob_logits(meta, texts, rows.blob, rows.scales)
         scores = self._scores(texts, logits, rows.embeddings, first_stage_scores)
         relevance = self.scorer.relevance(scores)
         order = np.argsort(-scores, kind="stable")[:top_k]

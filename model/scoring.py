@@ -64,11 +64,6 @@ class PairScorer:
         model = load_checkpoint(checkpoint, map_location=str(pick_device(device)))
         return cls(model, read_ranking(checkpoint), device, precision, batch_size)
 
-    @property
-    def num_image_tokens(self) -> int:
-        """Image positions of the joint encoder's input (m)."""
-        return self.model.config.encoder.num_image_tokens
-
     @torch.inference_mode()
     def encoder_tokens(self, meta: TableMetadata, tokens: torch.Tensor) -> torch.Tensor:
         """Tokens the joint encoder reads: stored compressed tokens as they are, raw backbone tokens through the adapter."""

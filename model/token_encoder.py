@@ -32,9 +32,6 @@ class EncodedImages:
         rows = np.asarray(rows, dtype=np.int64)
         return EncodedImages(self.blob[rows], None if self.scales is None else self.scales[rows], self.embeddings[rows])
 
-    def __len__(self) -> int:
-        return len(self.blob)
-
 
 class TokenEncoder:
     """Backbone (+ adapter) + codec on one device; `encode(pixels)` gives the rows a token table stores."""

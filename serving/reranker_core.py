@@ -125,15 +125,6 @@ class RerankerCore:
             logits = self.scorer.scores(logits, sim)
         return Scores(logits, [], prepared.got.urls, self.replica, batch_pairs)
 
-    def score_pairs(self, texts: List[str], image_ids: List[str], with_urls: bool = False,
-                    text_embeddings: Optional[np.ndarray] = None, images: Optional[Dict[int, bytes]] = None) -> Scores:
-        """prepare, one forward per chunk, finish: a whole request in the calling thread."""
-        prepared = self.prepare(texts, image_ids, with_urls, images)
-        if isinstance(prepared, Scores):
-            return prepared
-        logits = np.concatenate([self.forward([c])[0] for c in prepared.chunks])
-        return self.finish(prepared, logits, max(len(c.texts) for c in prepared.chunks), text_embeddings)
-
     def add_image(self, data: bytes, image_id: Optional[str] = None, url: Optional[str] = None) -> AddResult:
         """Encode an image (backbone + adapter + codec) and add it to the corpus through the shared log."""
         return self.live.add(data, image_id, url)
