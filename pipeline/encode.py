@@ -28,8 +28,6 @@ from schemas.weights import weights_sha256
 OK = "ok"
 
 
-
-
 @dataclass(frozen=True)
 class EncoderSpec:
     """What the encoder actors build: backbone, optional adapter checkpoint, codec."""
@@ -124,15 +122,22 @@ class EncodeBatch:
     def __init__(self, spec: EncoderSpec):
         from model.token_encoder import TokenEncoder
 
+        started = time.time()
         threads = spec.torch_threads or _assigned_cpus()
         torch.set_num_threads(max(1, threads))
         adapter = _load_adapter(spec.adapter)[0] if spec.adapter else None
         self.encoder = TokenEncoder.create(spec.backbone, adapter, CodecConfig(spec.quant, spec.group_size),
-                                           pick_device(None),
-                                           spec.compute_dtype)
+                                           pick_device(None), spec.compute_dtype)
         self.with_text = adapter is None  # raw tables carry captions and their text embeddings
+        self.init_window = (started, time.time())
 
     @torch.no_grad()
+    def encode_rows(self, images: np.ndarray, captions: Optional[list]) -> tuple:
+        """(blob [n, bytes] uint8, scales or None, image embeddings, text embeddings or None) of ok rows."""
+        rows = self.encoder.encode(images)
+        temb = self.encoder.encode_text(captions) if self.with_text else None
+        return rows.blob, rows.scales, rows.embeddings, temb
+
     def __call__(self, batch: Dict[str, np.ndarray]) -> pa.Table:
         """Encode the rows whose status is 'ok'; failed rows pass through with null tokens."""
         t_start = time.time()
@@ -144,16 +149,13 @@ class EncodeBatch:
         img_emb = [None] * b
         txt_emb = [None] * b
         if len(ok):
-            rows = self.encoder.encode(batch["image"][ok])
-            blob, scale, emb = rows.blob, rows.scales, rows.embeddings
-            if self.with_text:
-                texts = [str(c) for c in np.asarray(batch["caption"], dtype=object)[ok]]
-                temb = self.encoder.encode_text(texts)
+            texts = [str(c) for c in np.asarray(batch["caption"], dtype=object)[ok]] if self.with_text else None
+            blob, scale, emb, temb = self.encode_rows(batch["image"][ok], texts)
             for j, i in enumerate(ok):
                 blobs[i] = blob[j].tobytes()
                 scales[i] = scale[j].tobytes() if scale is not None else None
                 img_emb[i] = emb[j]
-                if self.with_text:
+                if temb is not None:
                     txt_emb[i] = temb[j]
         out = {k: pa.array(np.asarray(batch[k]).tolist(), t) for k, t in
                (("shard", pa.int32()), ("row", pa.int32()), ("image_id", pa.string()), ("url", pa.string()),
@@ -165,6 +167,9 @@ class EncodeBatch:
         # When the encoder worked on this batch: the job's throughput over the encoder's busy window.
         out["encode_start"] = pa.array(np.full(b, t_start))
         out["encode_end"] = pa.array(np.full(b, time.time()))
+        # When this actor was built: start-up is part of the job's end-to-end time.
+        out["actor_init_start"] = pa.array(np.full(b, self.init_window[0]))
+        out["actor_init_end"] = pa.array(np.full(b, self.init_window[1]))
         return pa.table(out)
 
 

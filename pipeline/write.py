@@ -24,6 +24,8 @@ from pipeline import storage
 from pipeline.decode import OK
 from schemas.token_table import TableMetadata, build_table_from_blobs, write_token_table
 
+# When the encoder worked and when its actor was built; each part reports the earliest start and latest end.
+TIMING_COLUMNS = ("encode_start", "encode_end", "actor_init_start", "actor_init_end")
 PART_COLUMNS = ("shard", "row", "image_id", "url", "caption", "status", "detail", "tokens", "token_scales",
                 "image_embedding", "text_embedding")
 
@@ -50,8 +52,8 @@ def parts_dir(output: str, shard_id: int) -> str:
 def write_parts(batch: pa.Table, output: str) -> pa.Table:
     """Ray Data stage: write the batch's rows as one part file per shard; returns (shard, part, rows, times)."""
     shards, parts, counts = [], [], []
-    t0 = pc.min(batch.column("encode_start")).as_py() if "encode_start" in batch.column_names else None
-    t1 = pc.max(batch.column("encode_end")).as_py() if "encode_end" in batch.column_names else None
+    times = {c: (pc.min if c.endswith("_start") else pc.max)(batch.column(c)).as_py()
+             for c in TIMING_COLUMNS if c in batch.column_names}
     batch = batch.select(list(PART_COLUMNS))
     for sid in pc.unique(batch.column("shard")).to_pylist():
         rows = batch.filter(pc.equal(batch.column("shard"), sid))
@@ -65,8 +67,8 @@ def write_parts(batch: pa.Table, output: str) -> pa.Table:
         counts.append(rows.num_rows)
     n = len(shards)
     return pa.table({"shard": pa.array(shards, pa.int32()), "part": pa.array(parts, pa.string()),
-                     "rows": pa.array(counts, pa.int64()), "encode_start": pa.array([t0] * n, pa.float64()),
-                     "encode_end": pa.array([t1] * n, pa.float64())})
+                     "rows": pa.array(counts, pa.int64()),
+                     **{c: pa.array([times.get(c)] * n, pa.float64()) for c in TIMING_COLUMNS}})
 
 
 def commit_shard(output: str, shard_id: int, parts: List[str], expected_rows: int, meta_json: str,

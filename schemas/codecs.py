@@ -14,12 +14,14 @@ round-trip error stays within half a quantization step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import numpy as np
-import torch
 
 from schemas.config import CodecConfig
+
+if TYPE_CHECKING:  # the torch path imports torch where it runs: readers and writers of tables never need it
+    import torch
 
 QMAX = {"int8": 127, "int4": 7}
 
@@ -111,6 +113,8 @@ class TokenCodec:
     # ------------------------------------------------------------------ torch
     def encode_torch(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Torch twin of `encode` (runs on the tokens' device); returns uint8 and fp16 tensors."""
+        import torch
+
         x = self._check(tokens)
         b, q = x.shape[0], self.quantization
         if q in ("fp32", "fp16"):
@@ -128,6 +132,8 @@ class TokenCodec:
 
     def decode_torch(self, blob: torch.Tensor, scales: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Torch twin of `decode`: uint8 [B, blob_bytes] (+ fp16 scales) -> float32 [B, n, d]."""
+        import torch
+
         if blob.dtype != torch.uint8 or blob.dim() != 2 or blob.shape[1] != self.blob_bytes:
             raise CodecError(f"{self.quantization} blob must be uint8 [B, {self.blob_bytes}], got "
                              f"{blob.dtype} {tuple(blob.shape)}")
@@ -149,7 +155,7 @@ class TokenCodec:
         shape = tuple(x.shape)
         if len(shape) != 3 or shape[1:] != (self.num_tokens, self.width):
             raise CodecError(f"token matrices must be [B, {self.num_tokens}, {self.width}], got {list(shape)}")
-        floating = x.is_floating_point() if isinstance(x, torch.Tensor) else np.issubdtype(x.dtype, np.floating)
+        floating = np.issubdtype(x.dtype, np.floating) if isinstance(x, np.ndarray) else x.is_floating_point()
         if not floating:
             raise CodecError(f"token matrices must be floating point, got {x.dtype}")
         return x
@@ -172,6 +178,8 @@ def _np_scales(absmax: np.ndarray, qmax: int) -> np.ndarray:
 
 def _torch_scales(absmax: torch.Tensor, qmax: int) -> torch.Tensor:
     """Torch twin of `_np_scales`, bit-identical."""
+    import torch
+
     s = (absmax / qmax).to(torch.float16)
     too_small = s.float() * qmax < absmax
     s = torch.where(too_small, torch.nextafter(s, torch.tensor(float("inf"), dtype=torch.float16, device=s.device)), s)

@@ -1,0 +1,84 @@
+"""Roles of caption words in spatial relations, from a rule-based parse of spatial prepositions.
+
+Works on the caption text alone (no scene graph), so the same parse applies to real captions: a noun phrase is a
+run of attribute and shape words, a relation is a spatial head word ("left", "above", ...), its subject is the noun
+phrase before it and its object the one after it; pronoun and absolute forms ("to its left", "above it",
+"on the left") take the caption's first noun phrase as their object, as a reader would resolve "it".
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import numpy as np
+
+from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
+
+MAX_RELATIONS = 2
+NUM_ROLES = 3 * MAX_RELATIONS  # (relation, subject, object) for each relation of a caption
+RELATION, SUBJECT, OBJECT = 0, 1, 2
+
+_NOUN_WORDS = {p for table in (SIZE_WORDS, COLOUR_WORDS, SHAPE_WORDS) for words in table.values() for w in words for p in w.split()}
+_HEADS = {"left", "right", "above", "over", "below", "beneath", "under", "top", "bottom"}
+_ALWAYS_PREPOSITION = {"above", "over", "below", "beneath", "under"}
+
+
+def _bare(word: str) -> str:
+    return re.sub(r"[^a-z]", "", word.lower())
+
+
+def _noun_phrases(words: list[str]) -> list[tuple[int, int]]:
+    """[start, end) word spans of maximal runs of noun-phrase words."""
+    spans, start = [], None
+    for i, w in enumerate(words + [""]):
+        if _bare(w) in _NOUN_WORDS:
+            start = i if start is None else start
+        elif start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def word_roles(caption: str) -> list[set[int]]:
+    """For each whitespace word of ``caption``, the role indices it holds (3 * k + role for the k-th relation)."""
+    words = caption.split()
+    nps = _noun_phrases(words)
+    roles: list[set[int]] = [set() for _ in words]
+    k = 0
+    for j, w in enumerate(words):
+        if _bare(w) not in _HEADS or k >= MAX_RELATIONS:
+            continue
+        nxt = _bare(words[j + 1]) if j + 1 < len(words) else ""
+        prev = _bare(words[j - 1]) if j > 0 else ""
+        after_of = _bare(words[j + 2]) if nxt == "of" and j + 2 < len(words) else nxt
+        pronoun = prev == "its" or after_of == "it"
+        regular = not pronoun and (nxt == "of" or _bare(w) in _ALWAYS_PREPOSITION)
+        before = [s for s in nps if s[1] <= j]
+        after = [s for s in nps if s[0] > j]
+        if regular:
+            subject = before[-1] if before else None
+            obj = after[0] if after else None
+        else:  # "to its left", "above it", "on the left": the object is the first noun phrase
+            obj = nps[0] if nps else None
+            later = [s for s in before if s != obj]
+            subject = later[-1] if later else (after[0] if after else None)
+            for q in (j - 1, j + 1, j + 2):  # the pronoun itself stands for the object
+                if 0 <= q < len(words) and _bare(words[q]) in ("it", "its"):
+                    roles[q].add(3 * k + OBJECT)
+        roles[j].add(3 * k + RELATION)
+        for span, role in ((subject, SUBJECT), (obj, OBJECT)):
+            if span is not None:
+                for q in range(*span):
+                    roles[q].add(3 * k + role)
+        k += 1
+    return roles
+
+
+def role_matrix(caption: str, pieces_of: Callable[[str], int]) -> np.ndarray:
+    """[wordpieces, NUM_ROLES] multi-hot roles of ``caption``'s wordpieces; ``pieces_of(word)`` counts a word's pieces."""
+    rows = []
+    for word, held in zip(caption.split(), word_roles(caption)):
+        row = np.zeros(NUM_ROLES, np.float32)
+        row[list(held)] = 1.0
+        rows.extend([row] * pieces_of(word))
+    return np.stack(rows) if rows else np.zeros((0, NUM_ROLES), np.float32)
