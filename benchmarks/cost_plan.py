@@ -1,11 +1,12 @@
 """Costed plan: nodes, GPU hours, wall time, storage and money to encode CC12M and LAION-400M with
 ViT-L-16-SigLIP2-384 into compressed-64 int8 tables, and to train EDJE on them.
 
-    python benchmarks/cost_plan.py --scale-json /tmp/bench_scale.json > plan.md
+    python benchmarks/cost_plan.py --scale-json /tmp/bench_scale.json --sim-json runs/gpu_shaped.json > plan.md
 
 Every input rate is labelled with where it comes from:
-  measured   on this project's 2-core CPU machine, by this script (decode + resize per core) or
-             by benchmarks/bench_scale.py (planning rows/s, --scale-json);
+  measured   on this project's 2-core CPU machine, by this script (decode + resize per core), by
+             benchmarks/bench_scale.py (planning rows/s, --scale-json) or by the GPU-shaped simulation
+             benchmarks/gpu_shaped_encode.py (the pipeline's CPU per image feeding one actor, --sim-json);
   computed   exactly from the architecture or the codec (FLOPs per image, bytes per image);
   published  a vendor's or a tool's own figure (GPU peak TFLOPS, img2dataset speed, list prices);
   assumed    a judgement (GPU utilisation, url success rate), stated so it can be changed.
@@ -84,9 +85,16 @@ def plan(args) -> str:
     scale = json.loads(Path(args.scale_json).read_text()) if args.scale_json else None
     scale = scale["sizes"] if isinstance(scale, dict) else scale  # bench_scale.py's --json: {"sizes": [...], ...}
     plan_rate = min(r["rows_per_cpu_s"] for r in scale) if scale else None
+    sim = json.loads(Path(args.sim_json).read_text()) if args.sim_json else None
+    # The dearest feed seen over the simulated speeds: CPU seconds per image that read, decode and write took.
+    feed_ms = max(r["feed_cpu_ms_per_image"] for r in sim["results"]) if sim else None
+    rates_decode = args.decode_per_core or measure_decode_per_core()
     rates = {
-        "decode_per_core": Rate(measure_decode_per_core() if not args.decode_per_core else args.decode_per_core,
-                                "measured", "pipeline.decode: 640x480 JPEG -> 384x384 RGB, per CPU-second of this machine"),
+        "decode_per_core": Rate(rates_decode, "measured", "pipeline.decode: 640x480 JPEG -> 384x384 RGB, per CPU-second of this machine"),
+        "feed_cpu_ms": Rate(feed_ms or 1000 / rates_decode, "measured" if feed_ms else "measured (decode alone)",
+                            "gpu_shaped_encode.py: the encode pipeline's read+decode+write CPU ms per image while feeding "
+                            "one SIMULATED-GPU actor at " + (", ".join(f"{r['simulated_img_s']:.0f}" for r in sim["results"])
+                                                             + " img/s" if sim else "- (no --sim-json: 1000 / decode_per_core)")),
         "plan_rows_s": Rate(plan_rate or 0, "measured" if plan_rate else "n/a",
                             "bench_scale.py, slowest size, rows per CPU-second of the driver: read+validate+dedupe+plan+manifest"),
         "download_node": Rate(1350, "published", "img2dataset README: 100M urls in 20 h on one 16-core machine"),
@@ -112,7 +120,7 @@ def plan(args) -> str:
         # CPU nodes to keep the GPUs fed: download (published per node) and decode (measured per core)
         feed = gpu_img_s * gpus
         dl_nodes = math.ceil(feed / rates["download_node"].value)
-        dec_cores = math.ceil(feed / rates["decode_per_core"].value)
+        dec_cores = math.ceil(feed * rates["feed_cpu_ms"].value / 1000)
         plan_min = n / rates["plan_rows_s"].value / 60 if rates["plan_rows_s"].value else float("nan")
         c64_gb, raw_tb = ok * c64 / 1e9, ok * raw / 1e12
         train_h = ok * args.epochs / (train_samples_s * gpus) / 3600
@@ -121,7 +129,9 @@ def plan(args) -> str:
         cells[name] = {
             "urls": f"{n:,}", "images kept": f"{ok:,.0f}", "driver planning (min)": f"{plan_min:.1f}",
             "GPUs (L40S)": f"{gpus}", "CPU nodes for download (16 vCPU)": f"{dl_nodes}",
-            "decode cores needed": f"{dec_cores}", "encode wall time (h)": f"{encode_h:.1f}",
+            "decode cores needed (Ray Data feed, per the pipeline)": f"{dec_cores}",
+            "resize cores at download (640x480 -> 384)": f"{math.ceil(feed / rates['decode_per_core'].value)}",
+            "encode wall time (h)": f"{encode_h:.1f}",
             "encode GPU-hours": f"{encode_h * gpus:,.0f}", "encode cost ($, on-demand)": f"{cost_enc:,.0f}",
             "compressed-64 int8 tables (GB)": f"{c64_gb:,.0f}",
             "storage $/month (S3)": f"{c64_gb * rates['s3_price'].value:,.0f}",
@@ -133,7 +143,10 @@ def plan(args) -> str:
     src = {"urls": "published list sizes", "images kept": "x success (assumed)",
            "driver planning (min)": "measured rows per CPU-s (one core)", "GPUs (L40S)": "chosen (--gpus)",
            "CPU nodes for download (16 vCPU)": "published img2dataset rate",
-           "decode cores needed": "measured decode rate", "encode wall time (h)": "published peak x assumed MFU",
+           "decode cores needed (Ray Data feed, per the pipeline)":
+               "measured pipeline CPU per image (simulation)" if sim else "measured decode rate",
+           "resize cores at download (640x480 -> 384)": "measured decode+resize rate (img2dataset workers)",
+           "encode wall time (h)": "published peak x assumed MFU",
            "encode GPU-hours": "same", "encode cost ($, on-demand)": "published prices",
            "compressed-64 int8 tables (GB)": "computed (codec)", "storage $/month (S3)": "published price",
            "raw training tables (TB)": "computed (576x1024 fp16)",
@@ -157,6 +170,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=16, help="GPU workers (ray_cluster.yaml: up to 16 g6e.xlarge)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--decode-per-core", type=float, help="skip the decode measurement and use this rate")
+    p.add_argument("--sim-json", help="results of benchmarks/gpu_shaped_encode.py --json (the pipeline's CPU per image)")
     print(plan(p.parse_args()))
 
 

@@ -1,4 +1,4 @@
-"""Binding lab (scratch harness, in-process): train a joint encoder on perfect scene tokens with
+"""Binding and relation lab (scratch harness, in-process): train a joint encoder on perfect scene tokens with
 family-twin negatives and read within-family accuracy on a validation world.
 
 Not a product path; the winning levers move into training/ as named options.
@@ -20,6 +20,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from research.relation_roles import NUM_ROLES, role_matrix  # noqa: E402
 from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article  # noqa: E402
 from sampleworld.scene import Scene  # noqa: E402
 from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer  # noqa: E402
@@ -87,6 +88,15 @@ class LabConfig:
     single_steps: int = 0
     adapter_position: str = "none"
     text_conv: int = 0  # 1: neighbouring caption words mixed into each word's input embedding (kernel 3)
+    kernel: int = 3  # word-context kernel width when text_conv is on
+    fixed_image_pos: int = 0  # 1: image cells get position ids independent of caption length
+    rel_boost: float = 1.0  # weight of the relation group when picking the group to mask
+    ground_weight: float = 0.0  # >0: each shape word regresses its object's centre (x, y) from its final hidden state
+    pos_curriculum: int = 0  # 1: one-object phase places the object left/right/top/bottom and says so ("on the left")
+    roles: int = 0  # 1: role embeddings (subject / object / relation, per relation) from a parse of spatial prepositions
+    route_diag: int = 0  # 1 (needs roles): DIAGNOSTIC, the parse routes subject minus object states to the relation word
+    route_layer: int = 2
+    ground_layer: int = 0  # >0: grounding reads the hidden state after this many layers (0: the final one)
     lm_layers: int = 0  # >0: the packaged MiniLM's first N layers (pretrained) instead of a random BERT
     eval_every: int = 100
     threads: int = 2
@@ -123,7 +133,7 @@ def main():
     late = LateHead(enc.hidden_size) if cfg.head in ("late", "both") else None
     params = list(model.parameters()) + (list(late.parameters()) if late else [])
     if cfg.text_conv:
-        conv = nn.Conv1d(enc.hidden_size, enc.hidden_size, 3, padding=1)
+        conv = nn.Conv1d(enc.hidden_size, enc.hidden_size, cfg.kernel, padding=cfg.kernel // 2)
         nn.init.zeros_(conv.weight)
         nn.init.zeros_(conv.bias)
         params += list(conv.parameters())
@@ -135,6 +145,86 @@ def main():
             mixed = conv(words.transpose(1, 2)).transpose(1, 2)
             return emb + mixed * batch.text_mask[..., None]
         enc.embed_pairs = embed_pairs
+    if cfg.fixed_image_pos:
+        def _encode(batch, image_tokens):
+            T = batch.input_ids.shape[1]
+            m = image_tokens.shape[1]
+            base = torch.arange(T)[None, :].expand(batch.input_ids.shape[0], T).clone()
+            start = enc.config.max_text_tokens + 2
+            img_pos = start + torch.arange(m)
+            pos = base.clone()
+            pos[batch.image_mask] = img_pos.repeat(batch.input_ids.shape[0])
+            after = batch.attention_mask.bool() & ~batch.image_mask & ~batch.text_mask & (base > 0)
+            # the final [SEP] (after the image run) gets start + m; the middle [SEP] keeps its text position
+            n_text = batch.text_mask.sum(1, keepdim=True)
+            final_sep = after & (base > n_text + 1)
+            pos[final_sep] = start + m
+            pos = pos.clamp_max(enc.bert.bert.embeddings.position_embeddings.num_embeddings - 1)
+            out = enc.bert.bert(inputs_embeds=enc.embed_pairs(batch, image_tokens), attention_mask=batch.attention_mask,
+                                token_type_ids=batch.token_type_ids, position_ids=pos)
+            return out.last_hidden_state
+        enc._encode = _encode
+        _plain_encode_pairs = enc.encode_pairs
+        def encode_pairs(texts, image_tokens, input_ids=None):
+            batch = enc._pair_batch(texts, image_tokens.shape[1], image_tokens.device)
+            if input_ids is not None:
+                batch.input_ids = input_ids
+            return enc._encode(batch, image_tokens), batch
+        enc.encode_pairs = encode_pairs
+    if cfg.roles:
+        role_emb = nn.Linear(NUM_ROLES, enc.hidden_size, bias=False)
+        nn.init.zeros_(role_emb.weight)  # a new gain starts at 0
+        params += list(role_emb.parameters())
+        tok = enc.tokenizer
+        roles_of = {}
+        last_roles = {}
+        before_roles = enc.embed_pairs
+
+        def embed_with_roles(batch, image_tokens):
+            emb = before_roles(batch, image_tokens)
+            r = torch.zeros(emb.shape[0], emb.shape[1], NUM_ROLES)
+            for b, text in enumerate(current_texts):
+                if text not in roles_of:
+                    roles_of[text] = torch.from_numpy(role_matrix(text, lambda w: len(tok.tokenize(w))))
+                m = roles_of[text][: int(batch.text_mask[b].sum())]
+                r[b, 1:1 + len(m)] = m
+            last_roles["r"] = r
+            return emb + role_emb(r) * batch.text_mask[..., None]
+        enc.embed_pairs = embed_with_roles
+        plain_encode_pairs = enc.encode_pairs
+        current_texts = []
+
+        def encode_pairs_tracking(texts, image_tokens, input_ids=None):
+            current_texts[:] = list(texts)
+            return plain_encode_pairs(texts, image_tokens, input_ids=input_ids)
+        enc.encode_pairs = encode_pairs_tracking
+    ground = nn.Linear(enc.hidden_size, 2)
+    if cfg.ground_weight > 0:
+        params += list(ground.parameters())
+    mid = {}
+    if cfg.route_diag:
+        # DIAGNOSTIC (parse-given routing): after layer `route_layer`, each relation word receives
+        # P(mean of its subject's states - mean of its object's states), P learned from zero. If relations
+        # are learned with this path, what fails without it is the relation word finding its nouns.
+        route = nn.Linear(enc.hidden_size, enc.hidden_size, bias=False)
+        nn.init.zeros_(route.weight)
+        params += list(route.parameters())
+
+        def add_route(mod, inp, out):
+            h = out[0] if isinstance(out, tuple) else out
+            r = last_roles["r"]
+            extra = torch.zeros_like(h)
+            for k in range(NUM_ROLES // 3):
+                rel, sub, obj = r[..., 3 * k], r[..., 3 * k + 1], r[..., 3 * k + 2]
+                ms = (sub[..., None] * h).sum(1) / sub.sum(1, keepdim=True).clamp_min(1)
+                mo = (obj[..., None] * h).sum(1) / obj.sum(1, keepdim=True).clamp_min(1)
+                extra = extra + rel[..., None] * route(ms - mo)[:, None, :]
+            h = h + extra
+            return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
+        enc.bert.bert.encoder.layer[cfg.route_layer - 1].register_forward_hook(add_route)
+    if cfg.ground_layer:
+        enc.bert.bert.encoder.layer[cfg.ground_layer - 1].register_forward_hook(
+            lambda mod, inp, out: mid.__setitem__("h", out[0] if isinstance(out, tuple) else out))
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.05)
     gv = group_vocab(enc.tokenizer)
     gid = torch.full((enc.tokenizer.vocab_size + 10,), -1, dtype=torch.long)
@@ -180,6 +270,8 @@ def main():
             total.index_add_(0, rows, lp[torch.arange(len(lab)), pos])
         return total
 
+    rel_acc = []
+
     def mlm(texts, img):
         batch = enc.tokenize_pairs(texts, img.shape[1])
         ids = batch.input_ids
@@ -189,6 +281,7 @@ def main():
         else:
             # one attribute group per caption, all its words
             present = torch.stack([(g == k).any(1) for k in range(4)], 1).float() + 1e-9
+            present[:, 3] *= cfg.rel_boost
             pick = torch.multinomial(present, 1).squeeze(1)
             masked = batch.text_mask & (g == pick[:, None])
         labels = torch.where(masked, ids, torch.full_like(ids, -100))
@@ -200,6 +293,7 @@ def main():
         # binding read-out: argmax within the group's own words, synonyms as one
         with torch.no_grad():
             acc = []
+            rel_acc.clear()
             for row, label in zip(logits, lab.tolist()):
                 grp = gv.get(label, (None,))[0]
                 if grp is None:
@@ -207,6 +301,8 @@ def main():
                 cand = [t for t, (gg, _) in gv.items() if gg == grp]
                 best = cand[int(row[cand].argmax())]
                 acc.append(canon[best] == canon[label])
+                if grp == "relation":
+                    rel_acc.append(canon[best] == canon[label])
         return loss, (float(np.mean(acc)) if acc else float("nan"))
 
     @torch.no_grad()
@@ -240,6 +336,32 @@ def main():
                 cand = group_cands[k]
                 best = cand[logits[:, cand].argmax(1)]
                 bind[grp] = round(float(np.mean([canon[int(a)] == canon[int(b)] for a, b in zip(best, lab)])), 3)
+        # relation read-out on every val member's first caption, split by how far back the subject's shape word is
+        idx = [i for f in val_f for i in f]
+        texts = [recs[i].captions[0] for i in idx]
+        img = model.adapter(toks[idx])
+        batch = enc.tokenize_pairs(texts, img.shape[1])
+        logits, lab, rows = masked_forward(texts, img, torch.full((len(texts),), 3))
+        ids = batch.input_ids
+        g = gid[ids.clamp_max(len(gid) - 1)]
+        cand = group_cands[3]
+        best = cand[logits[:, cand].argmax(1)]
+        ok = [canon[int(a)] == canon[int(b)] for a, b in zip(best, lab)]
+        # distance of each masked relation word back to the nearest shape piece
+        dists = []
+        for r in range(len(texts)):
+            row = ids[r].tolist()
+            for j in range(len(row)):
+                if batch.text_mask[r, j] and g[r, j] == 3:
+                    d = next((j - q for q in range(j - 1, 0, -1) if gid[min(row[q], len(gid) - 1)] == 1), 99)
+                    dists.append(d)
+        assert len(dists) == len(ok), (len(dists), len(ok))
+        split = {}
+        for name, sel in (("d1", lambda d: d == 1), ("d2-4", lambda d: 2 <= d <= 4), ("d5+", lambda d: d >= 5)):
+            v = [o for o, d in zip(ok, dists) if sel(d)]
+            if v:
+                split[name] = (round(float(np.mean(v)), 3), len(v))
+        bind["relation_split"] = split
         model.train()
         if late:
             late.train()
@@ -263,6 +385,15 @@ def main():
             objs = [recs[i].scene.objects[int(rng.integers(len(recs[i].scene.objects)))] for i in idx]
             caps = [article(f"{pick_word(SIZE_WORDS[o.size])} {pick_word(COLOUR_WORDS[o.colour])} "
                             f"{pick_word(SHAPE_WORDS[o.shape])}") for o in objs]
+            if cfg.pos_curriculum:
+                from dataclasses import replace as _replace
+
+                from sampleworld.captions import SIDE
+                offs = {"left_of": (-0.25, 0.0), "right_of": (0.25, 0.0), "above": (0.0, -0.25), "below": (0.0, 0.25)}
+                sides = [list(offs)[int(rng.integers(4))] for _ in objs]
+                objs = [_replace(o, center=(0.5 + offs[sd][0] + float(rng.uniform(-0.05, 0.05)),
+                                            0.5 + offs[sd][1] + float(rng.uniform(-0.05, 0.05)))) for o, sd in zip(objs, sides)]
+                caps = [f"{c} {SIDE[sd]}" for c, sd in zip(caps, sides)]
             raw = torch.from_numpy(st.batch([Scene((o,), recs[0].scene.background) for o in objs]))
         else:
             raw = toks[idx]
@@ -284,6 +415,24 @@ def main():
             lm, macc = mlm(caps, img)
             loss = loss + cfg.mlm_weight * lm
             out.update(mlm=float(lm), mlm_bind=macc)
+            if rel_acc:
+                out.update(mlm_rel=float(np.mean(rel_acc)))
+        if cfg.ground_weight > 0 and step > cfg.single_steps:
+            hidden_g, batch_g = enc.encode_pairs(caps, img)
+            ids_g = batch_g.input_ids
+            gg = gid[ids_g.clamp_max(len(gid) - 1)]
+            sel = batch_g.text_mask & (gg == 1)
+            rows_g, cols_g = sel.nonzero(as_tuple=True)
+            targets = []
+            for r_, c_ in zip(rows_g.tolist(), cols_g.tolist()):
+                val = canon[int(ids_g[r_, c_])]
+                obj = next(o for o in recs[idx[r_]].scene.objects if o.shape == val)
+                targets.append([obj.center[0] - 0.5, obj.center[1] - 0.5])
+            if targets:
+                pred = ground((mid["h"] if cfg.ground_layer else hidden_g)[rows_g, cols_g])
+                lg = F.mse_loss(pred, torch.tensor(targets)) * 10
+                loss = loss + cfg.ground_weight * lg
+                out.update(ground=float(lg))
         if cfg.itm_weight > 0 and step <= cfg.single_steps and cfg.mlm == "none":
             continue
         opt.zero_grad()

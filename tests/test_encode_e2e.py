@@ -219,6 +219,12 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
         summary = run_encode_job(cfg)
 
         assert summary["complete"] and summary["run"]["ray_nodes"] == 2
+        # the profile: a timeline in order, and every operator's CPU seconds
+        tl = summary["run"]["timeline_s"]
+        assert 0 <= tl["actor_ready"] <= tl["first_batch_encoding"] <= tl["last_batch_encoded"] <= tl["commits_done"]
+        ops = summary["run"]["operators"]
+        assert {"FlatMap(download_rows)", "MapBatches(decode_batch)", "MapBatches(EncodeBatch)",
+                "MapBatches(write_parts)"} <= set(ops) and all(o["cpu_s"] >= 0 and o["tasks"] >= 1 for o in ops.values())
         manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
         assert manifest["input"] == [str(tmp_path / "urls")] and manifest["num_shards"] == summary["shards"] == 5
         n_in = len(expected) + sum(failed.values())
