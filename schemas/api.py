@@ -355,6 +355,12 @@ class TableInfo(BaseModel):
     memory_bytes: int
 
 
+class ShardInfo(BaseModel):
+    shard: int
+    images: int
+    memory_bytes: int
+
+
 class AddImageResponse(BaseModel):
     """An added image: its id, content hash and the corpus size after it."""
 
@@ -378,6 +384,8 @@ class InfoResponse(BaseModel):
         None, description="the checkpoint's ranking rule: fusion weight, Platt calibration (scale, bias, where "
                           "fitted), and the rule in words")
     live_images: Optional[Dict[str, Any]] = None
+    shards: Optional[List[ShardInfo]] = Field(None, description="per shard (when the corpus is split): its images and "
+                                                                "the token bytes its reranker replica holds")
 
 
 class Health(BaseModel):

@@ -37,17 +37,23 @@ def build(config: ServeConfig) -> Application:
     """The bound application for a ServeConfig (pass it to serve.run); mismatched tables raise here."""
     check_tables(config)
     threads = config.torch_threads or 1
-    reranker = first_stage = miner = None
+    rerankers, first_stages = [], []
     if config.checkpoint is not None:
-        reranker = Reranker.options(**config.reranker.options()).bind(config)
-        first_stage = FirstStageDeployment.options(**config.first_stage.options()).bind(
-            list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, config.live_dir)
+        for s in range(config.shards):
+            shard = config.for_shard(s)
+            suffix = "" if config.shards == 1 else f"-{s}"  # one deployment per shard: Serve routes within it
+            rerankers.append(Reranker.options(name=f"Reranker{suffix}", **config.reranker.options()).bind(shard))
+            first_stages.append(FirstStageDeployment.options(name=f"FirstStage{suffix}", **config.first_stage.options()).bind(
+                list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, shard.live_dir,
+                index_search_params=config.index_search_params, shard=s, num_shards=config.shards))
+    reranker = rerankers[0] if len(rerankers) == 1 else None
+    miner = None
     if config.caption_sources:
         miner = MinerDeployment.options(**config.miner.options()).bind(
             list(config.image_tables), list(config.caption_sources), config.index_factory, config.backbone_pretrained,
             reranker, threads)
     return Ingress.options(**config.ingress.options()).bind(
-        config, config.resolved_auth_token(), reranker, first_stage, miner)
+        config, config.resolved_auth_token(), rerankers, first_stages, miner)
 
 
 def build_app(args: Dict[str, Any]) -> Application:

@@ -72,7 +72,12 @@ class ServeConfig:
     batch_wait_timeout_s: float = 0.005
     precision: Precision = "auto"  # auto = fp32 on CPU, bf16 on GPU
     torch_threads: Optional[int] = None  # intra-op threads per CPU replica (None = the replica's num_cpus, >= 1)
-    index_factory: str = "Flat"  # FAISS index description (exact inner product by default)
+    index_factory: str = "Flat"  # FAISS index description (exact inner product by default; "IVF1024,PQ32" for large corpora)
+    index_search_params: str = ""  # faiss.ParameterSpace parameters of that index ("nprobe=32")
+    # Shards (serving/shards.py): the corpus split by a hash of the image id; each shard is its own FirstStage and
+    # Reranker deployment holding only its rows (and its live images, under live_dir/shard-<s>). 1 = one of each.
+    shards: int = 1
+    shard: int = 0  # the shard a replica serves (set per shard deployment by serving/app.py)
     # Live images (POST /v1/images, image documents; serving/live_images.py). live_dir: the shared append log
     # that every replica applies and that persists added images as token tables (None: no /v1/images route).
     live_dir: Optional[str] = None
@@ -119,6 +124,8 @@ class ServeConfig:
             raise ValueError("a checkpoint is served over token tables: token_tables is empty")
         if self.checkpoint is None and not (self.miner_image_tables and self.caption_sources):
             raise ValueError("without a checkpoint only the miner is served: it needs miner_image_tables and caption_sources")
+        if self.shards < 1 or not 0 <= self.shard < self.shards:
+            raise ValueError(f"shards must be >= 1 and 0 <= shard < shards, got shards={self.shards}, shard={self.shard}")
         if self.ready_timeout_s <= 0:
             raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
@@ -167,6 +174,22 @@ class ServeConfig:
                 value = (value,) if isinstance(value, str) else tuple(value)
             kwargs[key] = value
         return cls(**kwargs)
+
+    def for_shard(self, shard: int) -> "ServeConfig":
+        """The config one shard's deployments run with: its shard number and its own live folder."""
+        return self.replace(shard=shard, live_dir=self.live_dir_of_shard(shard))
+
+    def live_dir_of_shard(self, shard: int) -> Optional[str]:
+        """Where a shard's live images are logged (live_dir itself when there is one shard)."""
+        if self.live_dir is None or self.shards == 1:
+            return self.live_dir
+        return os.path.join(self.live_dir, f"shard-{shard:03d}")
+
+    def live_dir_of(self, image_id: str) -> Optional[str]:
+        """The live folder of the shard that owns an image id."""
+        from serving.shards import shard_of
+
+        return self.live_dir_of_shard(shard_of(image_id, self.shards))
 
     def replace(self, **changes: Any) -> "ServeConfig":
         """A copy with some fields changed."""

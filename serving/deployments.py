@@ -41,6 +41,11 @@ class MeasuredFirstStage(FirstStage):
         with _timed(self.metrics, "image"):
             return super().search_image(image_id, query, image_weight, k)
 
+    def search_vector(self, vector, k: int) -> List[Tuple[str, float]]:
+        """FirstStage.search_vector, timed."""
+        with _timed(self.metrics, "vector"):
+            return super().search_vector(vector, k)
+
     def ready(self) -> int:
         """Images in the index (GET /readyz calls it: an answer means the replica serves)."""
         return self.size()

@@ -26,6 +26,7 @@ from model.device import pick_device
 from model.embedding_index import EmbeddingIndex
 from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
 from serving.live_images import LiveLog, embeddings_of_tables
+from serving.shards import filter_shard
 
 log = logging.getLogger("ray.serve")
 
@@ -69,8 +70,10 @@ def image_queries(index: EmbeddingIndex, backbone, image_ids: Sequence[str], tex
     return combine_query(images, text, image_weight), []
 
 
-def read_image_embeddings(paths: Sequence[str], **expected) -> Tuple[List[str], np.ndarray, TableMetadata]:
-    """image_id and image_embedding columns of token tables of any kind that agree on their backbone."""
+def read_image_embeddings(paths: Sequence[str], shard: int = 0, num_shards: int = 1,
+                          **expected) -> Tuple[List[str], np.ndarray, TableMetadata]:
+    """image_id and image_embedding columns of token tables of any kind that agree on their backbone (with
+    num_shards > 1: the rows of one shard)."""
     first = read_metadata(paths[0])
     same = {**dict(backbone=first.backbone, pretrained=first.pretrained, feature_layer=first.feature_layer,
                    embed_dim=first.embed_dim), **expected}
@@ -79,6 +82,7 @@ def read_image_embeddings(paths: Sequence[str], **expected) -> Tuple[List[str], 
     ids, vectors = [], []
     for p in paths:  # one by one: tables of different kinds may not share a token schema
         table, _ = read_token_tables([p], columns=["image_id", "image_embedding"], **same)
+        table = filter_shard(table, shard, num_shards)
         ids.extend(table.column("image_id").to_pylist())
         vectors.append(vector_matrix(table.column("image_embedding")))
     ids, vectors = _dedupe(ids, np.concatenate(vectors))
@@ -108,11 +112,17 @@ class FirstStage:
     """Text, image or mixed query -> top-k image ids by cosine similarity of pooled embeddings."""
 
     def __init__(self, token_tables: Sequence[str], index_factory: str = "Flat", pretrained_override: Optional[str] = None,
-                 torch_threads: int = 1, live_dir: Optional[str] = None, device: Optional[str] = None):
+                 torch_threads: int = 1, live_dir: Optional[str] = None, device: Optional[str] = None,
+                 index_search_params: str = "", shard: int = 0, num_shards: int = 1):
         torch.set_num_threads(max(1, torch_threads))
         self.device = pick_device(device)  # None: the GPU when this replica was given one
-        ids, vectors, meta = read_image_embeddings(token_tables)
-        self.index = EmbeddingIndex(ids, vectors, index_factory, self.device)
+        ids, vectors, meta = read_image_embeddings(token_tables, shard, num_shards)
+        self.index = EmbeddingIndex(ids, vectors, index_factory, self.device, index_search_params)
+        self.index_recall_at_10 = self.index.recall_vs_exact(10)
+        if index_factory != "Flat":  # an approximate index says what it loses, where it is built
+            print(f"[first stage] {index_factory} {index_search_params}: recall@10 against exact search "
+                  f"{self.index_recall_at_10:.3f} (1,000 stored vectors as queries), index {self.index.nbytes():,} B "
+                  f"for {len(self.index):,} images", flush=True)
         self.backbone = load_backbone(meta, pretrained_override, self.device)
         # Live images: the shared append log (serving/live_images.py), applied now and before each call.
         self.live = LiveLog(live_dir) if live_dir else None
@@ -150,6 +160,12 @@ class FirstStage:
         scores, rows = self.index.search(vectors, k, exclude=[image_id])
         hits = [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
         return ImageQueryHits(hits, vectors[0], [])
+
+    def search_vector(self, vector: np.ndarray, k: int) -> List[Tuple[str, float]]:
+        """Top-k (image id, cosine) for a query vector built elsewhere (another shard's image query)."""
+        self.sync_live()
+        scores, rows = self.index.search(np.asarray(vector, np.float32)[None], k)
+        return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
 
     def embed(self, texts: List[str]) -> np.ndarray:
         """Normalised text embeddings [len(texts), e] (the fused ranking rule's first-stage side)."""

@@ -55,9 +55,11 @@ from schemas.api import (
 )
 from serving.config import ServeConfig
 from serving.image_fetch import ImageInputError, image_bytes
+from serving.live_sources import default_image_id
 from serving.search_page import add_search_page, page_paths
 from serving.search_view import caption_image, first_stage_list, first_stage_ranks
 from serving.serve_metrics import IngressMetrics, RequestMetrics
+from serving.shards import ShardedCorpus
 from serving.thumbnails import Thumbnails, add_thumbnail_route
 
 log = logging.getLogger("ray.serve")
@@ -165,10 +167,12 @@ class Ingress:
 
     metrics: Optional[IngressMetrics] = None  # None where the class is used without Serve (tests): nothing recorded
 
-    def __init__(self, config: ServeConfig, auth_token: Optional[str], reranker=None, first_stage=None, miner=None):
+    def __init__(self, config: ServeConfig, auth_token: Optional[str], rerankers=(), first_stages=(), miner=None):
         self.config, self.auth_token = config, auth_token
         self.metrics = IngressMetrics()
-        self.reranker, self.first_stage, self.miner = reranker, first_stage, miner
+        # Every reranker and first-stage call goes through the shards' handles (one shard: the one deployment).
+        self.corpus = ShardedCorpus(rerankers, first_stages) if rerankers else None
+        self.miner = miner
         self.checkpoint_meta = None
         self.ranking = RankingConfig()
         if config.checkpoint:
@@ -198,11 +202,7 @@ class Ingress:
 
     async def readiness(self) -> Dict[str, str]:
         """'ok' or why not, per deployment behind this ingress: a cheap call to each, within ready_timeout_s."""
-        probes = {}
-        if self.reranker is not None:
-            probes["Reranker"] = self.reranker.ready
-        if self.first_stage is not None:
-            probes["FirstStage"] = self.first_stage.ready
+        probes = self.corpus.probes() if self.corpus is not None else {}
         if self.miner is not None:
             probes["Miner"] = self.miner.info
         answers = await asyncio.gather(*(_probe(m, self.config.ready_timeout_s) for m in probes.values()))
@@ -243,10 +243,10 @@ class Ingress:
         elif self.ranking.first_stage_weight:
             # Fused rule: the reranker adds w x cosine(text, image) to each ITM logit.
             unique = list(dict.fromkeys(texts))
-            emb = await self.call(self.first_stage.embed, unique)
+            emb = await self.corpus.embed(self.call, unique)
             row = {t: i for i, t in enumerate(unique)}
             text_emb = emb[[row[t] for t in texts]]
-        scores = await self.call(self.reranker.score_pairs, texts, image_ids, with_urls, text_emb, images or None)
+        scores = await self.corpus.score_pairs(self.call, texts, image_ids, with_urls, text_emb, images or None)
         if scores.missing:
             raise HTTPException(404, f"unknown image ids: {scores.missing}")
         if scores.rejected:
@@ -280,7 +280,7 @@ def build_api(ing: Ingress) -> FastAPI:
     name = cfg.model_name
     ranking = ing.ranking
 
-    if ing.reranker is not None:
+    if ing.corpus is not None:
         RerankRequest, TextRerankRequest, SearchRequest = models.rerank, models.text_rerank, models.search
 
         @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True, dependencies=secured,
@@ -322,9 +322,9 @@ def build_api(ing: Ingress) -> FastAPI:
             expected = asyncio.ensure_future(caption_image(ing.miner, req.query))  # beside the search, never fails it
             query_embedding = None
             if req.image is None:
-                hits = await ing.call(ing.first_stage.search, req.query, req.top_k)
+                hits = await ing.corpus.search(ing.call, req.query, req.top_k)
             else:
-                found = await ing.call(ing.first_stage.search_image, req.image, req.query, req.image_weight, req.top_k)
+                found = await ing.corpus.search_image(ing.call, req.image, req.query, req.image_weight, req.top_k)
                 if found.missing:
                     raise HTTPException(404, f"unknown image ids: {found.missing}")
                 hits, query_embedding = found.hits, found.query_embedding
@@ -338,7 +338,7 @@ def build_api(ing: Ingress) -> FastAPI:
                 # Image-only: the joint encoder scores a text against an image, and there is no text. The first
                 # stage's order is the answer (image-to-image cosine), said so by reranked=false.
                 shown = hits[: req.top_n or req.top_k]
-                urls = await ing.call(ing.reranker.image_urls, ids if req.return_first_stage else [h[0] for h in shown])
+                urls = await ing.corpus.image_urls(ing.call, ids if req.return_first_stage else [h[0] for h in shown])
                 results = [SearchResult(image_id=i, relevance_score=c, first_stage_score=c, url=u, first_stage_rank=rank[i])
                            for (i, c), u in zip(shown, urls)]
                 if req.return_first_stage:
@@ -356,16 +356,16 @@ def build_api(ing: Ingress) -> FastAPI:
             return SearchResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)),
                                   expected_image_id=await expected, **extra)
 
-    if ing.reranker is not None and (cfg.ui or cfg.image_dir or cfg.image_url_prefix):
+    if ing.corpus is not None and (cfg.ui or cfg.image_dir or cfg.image_url_prefix):
         async def stored_url(image_id: str) -> Optional[str]:
-            return (await ing.call(ing.reranker.image_urls, [image_id]))[0]
+            return (await ing.corpus.image_urls(ing.call, [image_id]))[0]
 
         add_thumbnail_route(app, Thumbnails(cfg, stored_url), secured, {
             **ERRORS, 404: {"model": ErrorBody, "description": "no source has an image of this id"},
             502: {"model": ErrorBody, "description": "the image's source could not give it (unreachable, not an image)"}},
             MAX_ID_CHARS)
 
-    if ing.reranker is not None and cfg.live_dir:
+    if ing.corpus is not None and cfg.live_dir:
         AddImageRequest = models.add_image
 
         @app.post("/v1/images", response_model=AddImageResponse, response_model_exclude_none=True, dependencies=secured,
@@ -374,11 +374,12 @@ def build_api(ing: Ingress) -> FastAPI:
         async def add_image(req: AddImageRequest):
             kind, value = ("url", req.url) if req.url is not None else ("base64", req.image)
             data, source = await ing.image(kind, value, "url" if kind == "url" else "image")
-            out = await ing.call(ing.reranker.add_image, data, req.id, source or None)
+            image_id = req.id or default_image_id(data)  # chosen here: the id decides the shard
+            out = await ing.corpus.add_image(ing.call, data, image_id, source or None)
             if out.status != 200:
                 raise HTTPException(out.status, out.detail)
-            if ing.first_stage is not None:  # index it now rather than at the next search
-                await ing.call(ing.first_stage.sync_live)
+            if ing.corpus.first_stages:  # index it now rather than at the next search
+                await ing.corpus.sync_live(ing.call, image_id)
             return AddImageResponse(id=out.image_id, sha256=out.sha256, url=source or None, corpus_size=out.corpus_size)
 
     if ing.miner is not None:
@@ -414,7 +415,7 @@ def build_api(ing: Ingress) -> FastAPI:
     @app.get("/v1/info", response_model=InfoResponse, responses={401: ERRORS[401]}, dependencies=secured,
              summary="Model, ranking rule and calibration, token table metadata, corpus size, limits")
     async def info():
-        reranker = await ing.call(ing.reranker.info) if ing.reranker is not None else None
+        reranker = await ing.corpus.info(ing.call) if ing.corpus is not None else None
         miner = await ing.call(ing.miner.info) if ing.miner is not None else None
         store = reranker["token_store"] if reranker else None
         meta = ing.checkpoint_meta or {}
@@ -423,8 +424,9 @@ def build_api(ing: Ingress) -> FastAPI:
             token_store=TableInfo(**store) if store else None,
             corpus_size=store["images"] if store else (miner or {}).get("images", 0), miner=miner,
             limits=cfg.limits(), precision=reranker["precision"] if reranker else None,
-            ranking={**dataclasses.asdict(ranking), "rule": ranking.describe()} if ing.reranker is not None else None,
-            live_images=reranker.get("live_images") if reranker else None)
+            ranking={**dataclasses.asdict(ranking), "rule": ranking.describe()} if ing.corpus is not None else None,
+            live_images=reranker.get("live_images") if reranker else None,
+            shards=reranker.get("shards") if reranker else None)
 
     if cfg.ui:
         add_search_page(app)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import fcntl
-import hashlib
 import logging
 import os
 import threading
@@ -34,23 +33,13 @@ from model.token_encoder import EncodedImages
 from pipeline.decode import ImageRejected, decode_image
 from pipeline.reasons import DECOMPRESSION_BOMB
 from schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
-from serving.live_sources import keep_source
+from serving.live_sources import content_hash, default_image_id, keep_source
 from serving.token_store import TokenBlobs
 
 log = logging.getLogger("ray.serve")
 
 LOG_NAME = "LOG"
 TABLES_DIR = "tables"
-
-
-def content_hash(data: bytes) -> str:
-    """sha256 hex of image bytes (cache key; default id of an added image)."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def default_image_id(data: bytes) -> str:
-    """The id an image added without one gets: 'live-' + the first 16 hex digits of its sha256."""
-    return "live-" + content_hash(data)[:16]
 
 
 class RejectedImage(ValueError):

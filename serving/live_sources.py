@@ -15,6 +15,16 @@ from typing import Optional
 SOURCES_DIR = "sources"
 
 
+def content_hash(data: bytes) -> str:
+    """sha256 hex of image bytes (cache key; default id of an added image)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def default_image_id(data: bytes) -> str:
+    """The id an image added without one gets: 'live-' + the first 16 hex digits of its sha256."""
+    return "live-" + content_hash(data)[:16]
+
+
 def source_path(live_dir: str, image_id: str) -> str:
     """Where the source bytes of a live image are kept."""
     return os.path.join(os.path.abspath(live_dir), SOURCES_DIR, hashlib.sha256(image_id.encode()).hexdigest())

@@ -82,7 +82,7 @@ class RerankerCore:
         device = resolve_device(config.reranker.num_gpus)
         if device.type == "cpu":
             torch.set_num_threads(config.torch_threads or max(1, int(config.reranker.num_cpus)))
-        self.store = TokenStore.load(config.token_tables, read_checkpoint_config(config.checkpoint))
+        self.store = TokenStore.load(config.token_tables, read_checkpoint_config(config.checkpoint), config.shard, config.shards)
         self.scorer = PairScorer.from_checkpoint(config.checkpoint, device, config.precision, config.max_batch_pairs)
         self.ranking = self.scorer.ranking
         # Live images (serving/live_images.py): the shared log applied to this replica's store, inline document images.

@@ -127,7 +127,7 @@ class Thumbnails:
             path = await asyncio.to_thread(image_dir_file, cfg.image_dir, image_id)
             if path is not None:
                 return await asyncio.to_thread(_read, path), "image_dir"
-        kept = await asyncio.to_thread(read_source, cfg.live_dir, image_id)
+        kept = await asyncio.to_thread(read_source, cfg.live_dir_of(image_id), image_id)
         if kept is not None:
             return kept, "live image"
         url = prefix_url(cfg.image_url_prefix, image_id) if cfg.image_url_prefix else await self.stored_url(image_id)

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, read_token_tables, vector_matrix
+from serving.shards import filter_shard
 
 log = logging.getLogger("ray.serve")
 
@@ -66,14 +67,23 @@ class TokenStore:
         self.codec = meta.codec
 
     @classmethod
-    def load(cls, paths: Sequence[str], checkpoint_meta: Optional[dict] = None, **expected) -> "TokenStore":
-        """Read tables (any fsspec paths) once; refuse any whose metadata differs from the checkpoint's."""
+    def load(cls, paths: Sequence[str], checkpoint_meta: Optional[dict] = None, shard: int = 0, num_shards: int = 1,
+             **expected) -> "TokenStore":
+        """Read tables (any fsspec paths) once; refuse any whose metadata differs from the checkpoint's. With
+        num_shards > 1 only the rows whose id hashes to `shard` are kept (serving/shards.py), one table at a time."""
         if not paths:
             raise FileNotFoundError("no token tables given")
         want = {**(expected_from_checkpoint(checkpoint_meta) if checkpoint_meta else {}), **expected}
         for p in paths:  # metadata first: refuse before reading any token bytes
             read_metadata(p).check(p, **want)
-        table, meta = read_token_tables(paths, **want)
+        if num_shards > 1:
+            kept = []
+            for p in paths:  # one table in memory at a time, then only this shard's rows of it
+                whole, meta = read_token_tables([p], **want)
+                kept.append(filter_shard(whole, shard, num_shards))
+            table = pa.concat_tables(kept)
+        else:
+            table, meta = read_token_tables(paths, **want)
         n_before = table.num_rows
         ids = table.column("image_id").combine_chunks()
         keep = _first_of_each(ids)

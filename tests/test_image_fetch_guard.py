@@ -430,13 +430,15 @@ def _api(tmp_path, **config):
     from model.ranking import RankingConfig
     from serving.config import ServeConfig
     from serving.ingress import Ingress, build_api
+    from serving.shards import ShardedCorpus
 
     cfg = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), live_dir=str(tmp_path),
                       auth_token_env=None, **config)
     ing = object.__new__(Ingress.func_or_class)  # the class Serve deploys, without Serve's replica wrapper
     ing.config, ing.auth_token, ing.checkpoint_meta, ing.ranking = cfg, None, None, RankingConfig()
-    ing.reranker, ing.first_stage, ing.miner = _Reranker(), None, None
-    return TestClient(build_api(ing)), ing.reranker
+    reranker = _Reranker()
+    ing.corpus, ing.miner = ShardedCorpus([reranker], []), None
+    return TestClient(build_api(ing)), reranker
 
 
 def test_the_ingress_answers_422_for_a_loopback_url_by_default(images, tmp_path, connect_guard):

@@ -47,13 +47,15 @@ def _api(tmp_path, **config):
 
     from model.ranking import RankingConfig
     from serving.ingress import Ingress, build_api
+    from serving.shards import ShardedCorpus
 
     ing = object.__new__(Ingress.func_or_class)  # the class Serve deploys, without Serve: routes and fetches only
     ing.config = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), auth_token_env=None, **config)
-    ing.auth_token, ing.ranking, ing.first_stage, ing.miner = None, RankingConfig(), None, None
+    ing.auth_token, ing.ranking, ing.miner = None, RankingConfig(), None
     ing.checkpoint_meta = {"config": {"encoder": {"num_image_tokens": 16, "max_text_tokens": 32}}}
-    ing.reranker = _Reranker()
-    return TestClient(build_api(ing)), ing.reranker
+    reranker = _Reranker()
+    ing.corpus = ShardedCorpus([reranker], [])
+    return TestClient(build_api(ing)), reranker
 
 
 def test_a_url_string_document_is_an_image_url_under_the_fetch_policy(tmp_path):

@@ -44,6 +44,7 @@ def _app(tmp_path, ui=True, **fields):
     """The app one Ingress replica would serve for a configuration, built without Ray (routes only)."""
     from model.ranking import RankingConfig
     from serving.ingress import Ingress, build_api
+    from serving.shards import ShardedCorpus
 
     reranker = fields.pop("reranker", None) or _Reranker()
     cls = Ingress.func_or_class
@@ -51,7 +52,7 @@ def _app(tmp_path, ui=True, **fields):
     ing.config = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), ui=ui, auth_token=TOKEN,
                              live_dir=str(tmp_path / "live"), **fields)
     ing.auth_token, ing.checkpoint_meta, ing.ranking = TOKEN, None, RankingConfig()
-    ing.reranker, ing.first_stage, ing.miner = reranker, object(), object()
+    ing.corpus, ing.miner = ShardedCorpus([reranker], []), object()
     return build_api(ing)
 
 

@@ -105,7 +105,7 @@ def test_readyz_names_the_deployment_that_does_not_answer(tmp_path):
     cfg = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), auth_token="t", ready_timeout_s=0.3)
     ing = object.__new__(Ingress.func_or_class)  # the class Serve deploys, without Serve's replica wrapper
     ing.config, ing.auth_token, ing.checkpoint_meta, ing.ranking = cfg, "t", None, RankingConfig()
-    ing.reranker, ing.first_stage = None, None
+    ing.corpus = None
     ing.miner = SimpleNamespace(info=SimpleNamespace(remote=_answer))
     client = TestClient(build_api(ing))
     r = client.get("/readyz")  # no token: open like /healthz

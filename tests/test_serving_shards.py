@@ -1,0 +1,130 @@
+"""A corpus in three shards on a three-node Ray cluster answers as the one-shard server does.
+
+Real parts: ray.cluster_utils.Cluster (three raylets), Ray Serve with one FirstStage and one Reranker deployment
+per shard, HTTP on loopback. Checked: each shard's store holds about a third of the token bytes (read from the
+replicas), 50 searches give the same ids and scores as one shard, a live add lands on the shard its id hashes
+to and is still served after the application is deployed again.
+"""
+import base64
+import io
+
+import numpy as np
+import pytest
+import requests
+
+from serving.shards import filter_shard, merge_hits, shard_of
+
+
+def test_shard_of_is_stable_and_spreads_ids():
+    ids = [f"img-{i}" for i in range(3000)]
+    got = [shard_of(x, 3) for x in ids]
+    # pinned values: the assignment decides where live images are logged, so a change must be deliberate
+    names = ("a", "img-0", "live-0123456789abcdef", "b", "c", "d")
+    assert [shard_of(x, 3) for x in names] == [2, 2, 0, 2, 0, 2]
+    assert [shard_of(x, 7) for x in names] == [4, 6, 0, 0, 2, 4]
+    assert shard_of("img-0", 1) == 0 and all(0 <= s < 3 for s in got)
+    counts = np.bincount(got, minlength=3)
+    assert counts.min() > 900, counts  # about a third each
+
+
+def test_shard_of_does_not_depend_on_the_process():
+    import subprocess
+    import sys
+
+    code = "from serving.shards import shard_of; print([shard_of(f'x{i}', 5) for i in range(20)])"
+    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                           env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout for seed in ("1", "2")}
+    assert len(runs) == 1 and runs.pop().startswith("[")
+
+
+def test_filter_and_merge():
+    import pyarrow as pa
+
+    table = pa.table({"image_id": [f"i{k}" for k in range(30)], "v": list(range(30))})
+    parts = [filter_shard(table, s, 3) for s in range(3)]
+    assert sorted(sum((p.column("image_id").to_pylist() for p in parts), [])) == sorted(table.column("image_id").to_pylist())
+    assert filter_shard(table, 0, 1) is table
+    assert merge_hits([[("a", 0.9), ("b", 0.5)], [("c", 0.7)], []], 2) == [("a", 0.9), ("c", 0.7)]
+
+
+@pytest.mark.slow
+def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+    from world_serving import CHECKPOINT, encode_world, free_port
+
+    from serving.app import build
+    from serving.config import DeploymentResources, ServeConfig
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3})
+    for _ in range(2):
+        cluster.add_node(num_cpus=3)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        world = encode_world(tmp_path, seed=404, n_test=150, base_url="http://127.0.0.1:9")
+        small = DeploymentResources(num_cpus=0.5)
+        common = dict(checkpoint=CHECKPOINT, token_tables=(world.table,), auth_token_env=None, torch_threads=1,
+                      reranker=DeploymentResources(num_cpus=0.5, max_ongoing_requests=64), first_stage=small, ingress=small)
+        one = ServeConfig(**common, live_dir=str(tmp_path / "live-one"))
+        three = ServeConfig(**common, shards=3, live_dir=str(tmp_path / "live-three"))
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build(one), name="one", route_prefix="/one")
+        serve.run(build(three), name="three", route_prefix="/three")
+        base = f"http://127.0.0.1:{port}"
+        assert requests.get(f"{base}/three/readyz", timeout=60).json()["deployments"].keys() >= {
+            "Reranker-0", "Reranker-1", "Reranker-2", "FirstStage-0", "FirstStage-1", "FirstStage-2"}
+
+        # Each shard's replica holds its own rows only: about a third of the token bytes, as its store reports.
+        info = requests.get(f"{base}/three/v1/info", timeout=60).json()
+        per_shard = info["token_store"]
+        whole = requests.get(f"{base}/one/v1/info", timeout=60).json()["token_store"]
+        assert per_shard["images"] == whole["images"] == len(world.image_ids) and per_shard["memory_bytes"] == whole["memory_bytes"]
+        shares = [s["memory_bytes"] / whole["memory_bytes"] for s in info["shards"]]
+        assert all(0.2 < x < 0.47 for x in shares), shares
+        expected = np.bincount([shard_of(i, 3) for i in world.image_ids], minlength=3).tolist()
+        assert [s["images"] for s in info["shards"]] == expected
+
+        # 50 searches: the same ids in the same order and the same scores as the one-shard server.
+        for q in world.captions[:50]:
+            a = requests.post(f"{base}/one/v1/search", json={"query": q, "top_k": 10}, timeout=120).json()["results"]
+            b = requests.post(f"{base}/three/v1/search", json={"query": q, "top_k": 10}, timeout=120).json()["results"]
+            assert [r["image_id"] for r in a] == [r["image_id"] for r in b], q
+            assert np.allclose([r["relevance_score"] for r in a], [r["relevance_score"] for r in b], atol=1e-4)
+        # Rerank over ids that live on every shard, and an image query whose vector comes from its owner shard.
+        docs = world.image_ids[:12]
+        ra = requests.post(f"{base}/one/v1/rerank", json={"query": world.captions[3], "documents": docs}, timeout=120).json()
+        rb = requests.post(f"{base}/three/v1/rerank", json={"query": world.captions[3], "documents": docs}, timeout=120).json()
+        assert [(r["index"], round(r["relevance_score"], 4)) for r in ra["results"]] == \
+               [(r["index"], round(r["relevance_score"], 4)) for r in rb["results"]]
+        qa = requests.post(f"{base}/one/v1/search", json={"image": docs[5], "top_k": 8}, timeout=120).json()["results"]
+        qb = requests.post(f"{base}/three/v1/search", json={"image": docs[5], "top_k": 8}, timeout=120).json()["results"]
+        assert [r["image_id"] for r in qa] == [r["image_id"] for r in qb]
+        assert requests.post(f"{base}/three/v1/rerank", json={"query": "x", "documents": ["nope"]}, timeout=60).status_code == 404
+
+        # A live add lands on the shard its id hashes to, and is served again after a redeploy.
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.open(world.images / f"{world.image_ids[0]}.jpg").transpose(Image.FLIP_LEFT_RIGHT).save(buf, "JPEG")
+        image = base64.b64encode(buf.getvalue()).decode()
+        added = requests.post(f"{base}/three/v1/images", json={"image": image, "id": "added-1"}, timeout=120)
+        assert added.status_code == 200, added.text
+        owner = shard_of("added-1", 3)
+        assert (tmp_path / "live-three" / f"shard-{owner:03d}" / "LOG").exists()
+        rows = lambda: [s["images"] for s in requests.get(f"{base}/three/v1/info", timeout=60).json()["shards"]]  # noqa: E731
+        assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
+        serve.delete("three")
+        serve.run(build(three), name="three", route_prefix="/three")
+        r = requests.post(f"{base}/three/v1/rerank", json={"query": world.captions[0], "documents": ["added-1", docs[1]]},
+                          timeout=120)
+        assert r.status_code == 200, r.text
+        assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
+        hits = requests.post(f"{base}/three/v1/search", json={"image": "added-1", "top_k": 3}, timeout=120)
+        assert hits.status_code == 200 and hits.json()["results"], hits.text
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
