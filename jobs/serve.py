@@ -53,7 +53,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                  max_batch_pairs=args.max_batch_pairs, auth_token_env=args.auth_token_env,
                  torch_threads=args.torch_threads, live_dir=args.live_dir,
                  image_url_hosts=args.image_url_hosts, image_url_allow=args.image_url_allow,
-                 ui=args.ui, image_dir=args.image_dir, image_url_prefix=args.image_url_prefix)
+                 ui=args.ui, image_dir=args.image_dir, image_url_prefix=args.image_url_prefix, shards=args.shards,
+                 index_factory=args.index_factory, index_search_params=args.index_search_params)
     base.update({k: v for k, v in flags.items() if v is not None})
     rr = dict(base.get("reranker") or {})
     for key, value in (("num_replicas", args.reranker_replicas), ("num_gpus", args.reranker_gpus),
@@ -102,6 +103,10 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-batching", action="store_true", default=None, help="disable @serve.batch dynamic batching")
     p.add_argument("--max-batch-pairs", type=int)
     p.add_argument("--torch-threads", type=int)
+    p.add_argument("--shards", type=int, help="split the corpus into this many shards by a hash of the image id: one "
+                   "FirstStage and one Reranker deployment per shard, each holding its rows only (default 1)")
+    p.add_argument("--index-factory", help="FAISS index of the first stage (default Flat; 'IVF1024,PQ32' for large corpora)")
+    p.add_argument("--index-search-params", help="its search parameters, as faiss.ParameterSpace takes them ('nprobe=32')")
     p.add_argument("--reranker-replicas", type=int)
     p.add_argument("--reranker-gpus", type=float)
     p.add_argument("--reranker-cpus", type=float)

@@ -112,6 +112,18 @@ class EmbeddingIndex:
         _, got = self.index.search(queries, k)
         return float(np.mean([len(set(w) & set(g)) / k for w, g in zip(want.tolist(), got.tolist())]))
 
+    def release_vectors(self) -> int:
+        """Drop the kept copy of the vectors (an approximate index's memory is then its codes); stored vectors are
+        read back from the codes from then on, approximately. Returns the bytes freed."""
+        if self.copy is None:
+            return 0
+        try:
+            faiss.extract_index_ivf(self.index).make_direct_map()  # IVF lists answer reconstruct(id) only with one
+        except RuntimeError:  # not an IVF index: reconstruct works as it is
+            pass
+        freed, self.copy = int(self.copy.nbytes), None
+        return freed
+
     def nbytes(self) -> int:
         """Bytes of the FAISS index itself (serialised), without the ids and the kept copy of the vectors."""
         index = self.index

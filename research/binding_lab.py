@@ -94,6 +94,7 @@ class LabConfig:
     ground_weight: float = 0.0  # >0: each shape word regresses its object's centre (x, y) from its final hidden state
     pos_curriculum: int = 0  # 1: one-object phase places the object left/right/top/bottom and says so ("on the left")
     roles: int = 0  # 1: role embeddings (subject / object / relation, per relation) from a parse of spatial prepositions
+    pos2_steps: int = 0  # after the one-object stage: steps of two-object captions naming each object's side
     route_diag: int = 0  # 1 (needs roles): DIAGNOSTIC, the parse routes subject minus object states to the relation word
     route_layer: int = 2
     ground_layer: int = 0  # >0: grounding reads the hidden state after this many layers (0: the final one)
@@ -395,6 +396,22 @@ def main():
                                             0.5 + offs[sd][1] + float(rng.uniform(-0.05, 0.05)))) for o, sd in zip(objs, sides)]
                 caps = [f"{c} {SIDE[sd]}" for c, sd in zip(caps, sides)]
             raw = torch.from_numpy(st.batch([Scene((o,), recs[0].scene.background) for o in objs]))
+        elif step <= cfg.single_steps + cfg.pos2_steps:
+            # middle stage: each of two objects named with its own side ("a red circle on the left and a blue
+            # square on the right"), from the scene's first relation; one-object scenes keep their caption
+            from sampleworld.captions import SIDE
+            from sampleworld.scene import INVERSE
+
+            def named(o):
+                return article(f"{pick_word(SIZE_WORDS[o.size])} {pick_word(COLOUR_WORDS[o.colour])} "
+                               f"{pick_word(SHAPE_WORDS[o.shape])}")
+            for j, i in enumerate(idx):
+                sc = recs[i].scene
+                if sc.relations:
+                    r = sc.relations[0]
+                    a, b = named(sc.objects[r.subject]), named(sc.objects[r.object])
+                    caps[j] = f"{a} {SIDE[r.predicate]} and {b} {SIDE[INVERSE[r.predicate]]}"
+            raw = toks[idx]
         else:
             raw = toks[idx]
         img = model.adapter(raw)

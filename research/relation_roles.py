@@ -2,8 +2,9 @@
 
 Works on the caption text alone (no scene graph), so the same parse applies to real captions: a noun phrase is a
 run of attribute and shape words, a relation is a spatial head word ("left", "above", ...), its subject is the noun
-phrase before it and its object the one after it; pronoun and absolute forms ("to its left", "above it",
-"on the left") take the caption's first noun phrase as their object, as a reader would resolve "it".
+phrase before it and its object the one after it; pronoun forms ("to its left", "above it") take the caption's
+first noun phrase as their object, as a reader would resolve "it"; an absolute form ("on the left") describes
+the noun phrase before it, relative to the first one after "between".
 """
 from __future__ import annotations
 
@@ -58,13 +59,17 @@ def word_roles(caption: str) -> list[set[int]]:
         if regular:
             subject = before[-1] if before else None
             obj = after[0] if after else None
-        else:  # "to its left", "above it", "on the left": the object is the first noun phrase
+        elif pronoun:  # "to its left", "above it": "it" is the first noun phrase, the object
             obj = nps[0] if nps else None
             later = [s for s in before if s != obj]
             subject = later[-1] if later else (after[0] if after else None)
             for q in (j - 1, j + 1, j + 2):  # the pronoun itself stands for the object
                 if 0 <= q < len(words) and _bare(words[q]) in ("it", "its"):
                     roles[q].add(3 * k + OBJECT)
+        else:  # "on the left": of the noun phrase before it; of the first one too after "between"
+            subject = before[-1] if before else (after[0] if after else None)
+            between = any(_bare(x) == "between" for x in words[:j])
+            obj = nps[0] if between and nps and nps[0] != subject else None
         roles[j].add(3 * k + RELATION)
         for span, role in ((subject, SUBJECT), (obj, OBJECT)):
             if span is not None:

@@ -123,6 +123,7 @@ class FirstStage:
             print(f"[first stage] {index_factory} {index_search_params}: recall@10 against exact search "
                   f"{self.index_recall_at_10:.3f} (1,000 stored vectors as queries), index {self.index.nbytes():,} B "
                   f"for {len(self.index):,} images", flush=True)
+            self.index.release_vectors()  # serve from the codes: the point of a compressed index is its memory
         self.backbone = load_backbone(meta, pretrained_override, self.device)
         # Live images: the shared append log (serving/live_images.py), applied now and before each call.
         self.live = LiveLog(live_dir) if live_dir else None

@@ -128,3 +128,20 @@ def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_serve_flags_choose_shards_and_index(tmp_path):
+    from jobs.serve import config_from_args, parse
+
+    (tmp_path / "t.parquet").write_bytes(b"")
+    cfg = config_from_args(parse(["--checkpoint", "c", "--tokens", str(tmp_path / "t.parquet"), "--shards", "3",
+                                  "--index-factory", "IVF64,PQ8", "--index-search-params", "nprobe=8",
+                                  "--live-dir", str(tmp_path / "live")]))
+    assert (cfg.shards, cfg.index_factory, cfg.index_search_params) == (3, "IVF64,PQ8", "nprobe=8")
+    two = cfg.for_shard(2)
+    assert two.shard == 2 and two.live_dir == str(tmp_path / "live" / "shard-002")
+    assert cfg.live_dir_of("img-0") == str(tmp_path / "live" / f"shard-{shard_of('img-0', 3):03d}")
+    assert config_from_args(parse(["--checkpoint", "c", "--tokens", str(tmp_path / "t.parquet"),
+                                   "--live-dir", "x"])).for_shard(0).live_dir == "x"  # one shard: the folder as given
+    with pytest.raises(ValueError, match="shards"):
+        cfg.replace(shard=3)
