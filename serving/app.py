@@ -46,6 +46,7 @@ def build(config: ServeConfig) -> Application:
             first_stages.append(FirstStageDeployment.options(name=f"FirstStage{suffix}", **config.first_stage.options()).bind(
                 list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, shard.live_dir,
                 index_search_params=config.index_search_params, shard=s, num_shards=config.shards))
+    # The miner rescores through one reranker that holds every row: with shards it mines without rescoring.
     reranker = rerankers[0] if len(rerankers) == 1 else None
     miner = None
     if config.caption_sources:
