@@ -145,7 +145,10 @@ def connect_guard(monkeypatch):
 def resolver(monkeypatch):
     """Stubbed DNS: `resolver.names[host]` is a list of addresses, or a list of such lists (one per lookup)."""
     real = socket.getaddrinfo
-    stub = SimpleNamespace(names={}, calls=[])
+    stub = SimpleNamespace(names={}, calls=[], background=[])
+    # Threads that were running before this test (left by earlier tests in the same process, e.g. a Ray client's)
+    # are not the code under test: their lookups go to the real resolver and are kept apart.
+    before = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
 
     def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
         try:
@@ -153,6 +156,9 @@ def resolver(monkeypatch):
             return real(host, port, family, type, proto, flags)  # a literal: no lookup happens
         except ValueError:
             pass
+        if threading.get_ident() in before:
+            stub.background.append((threading.current_thread().name, host))
+            return real(host, port, family, type, proto, flags)
         stub.calls.append(host)
         answers = stub.names.get(host)
         if answers is None:
