@@ -6,8 +6,8 @@ so that the replica's event loop keeps collecting the next batch meanwhile.
 Metrics (serving/serve_metrics.py): gather and forward latency, pairs per forward, live-image adds,
 inline-image cache lookups and the corpus rows of this replica.
 
-Each replica holds the token store of its corpus in its own memory (24.7 kB per image at int8:
-1M images = 25 GB); a corpus larger than a replica's memory needs the store split across replicas.
+Each replica holds the token store of its shard in its own memory (24.7 kB per image at int8:
+1M images = 25 GB); a corpus larger than a replica's memory is split into shards (serving/shards.py).
 """
 from __future__ import annotations
 
