@@ -13,7 +13,6 @@ holds all rows here) and the build time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -157,8 +156,9 @@ def main() -> int:
     print(f"[ann] reranked R@1 difference (IVF-PQ - flat): {ann_row['reranked_r1'] - flat['reranked_r1']:+.1f} "
           f"(goal: within 1 point); index {flat['index_bytes'] / ann_row['index_bytes']:.1f}x smaller")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        from pipeline.storage import write_json
+
+        write_json(args.json, out)
     return 0
 
 

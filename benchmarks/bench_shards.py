@@ -17,9 +17,7 @@ import argparse
 import asyncio
 import base64
 import io
-import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -29,13 +27,6 @@ from typing import Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_corpus(workdir: Path, images: int, seed: int):
@@ -148,6 +139,7 @@ def main() -> int:
     import ray
     from ray import serve
 
+    from jobs.quickstart import free_port
     from schemas.shipped import DEFAULT_RERANKER
     from serving.app import build
     from serving.config import DeploymentResources, ServeConfig
@@ -222,8 +214,9 @@ def main() -> int:
           f"{out['one_shard_store_bytes']} in one shard")
     print(f"[shards] kill: {kill}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        from pipeline.storage import write_json
+
+        write_json(args.json, out)
     return 0
 
 

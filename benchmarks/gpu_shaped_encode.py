@@ -140,8 +140,9 @@ def main() -> int:
               f"{r['feed_cpus_used']:15.2f} {r['feed_cpu_ms_per_image']:16.3f} {r['feed_cpus_per_1000_img_s']:20.2f}")
     print(f"[{LABEL}] " + json.dumps(out))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        from pipeline.storage import write_json
+
+        write_json(args.json, out)
     return 0
 
 

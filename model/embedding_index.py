@@ -28,7 +28,6 @@ class EmbeddingIndex:
         if vectors.ndim != 2 or len(ids) != len(vectors):
             raise ValueError(f"{len(ids)} ids but vectors of shape {list(vectors.shape)}")
         self.ids = list(ids)
-        self.factory = factory
         self.index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
         if not self.index.is_trained:
             # Coarse quantizers and PQ codebooks need a sample, not the corpus: a fixed seed keeps rebuilds equal.

@@ -118,10 +118,9 @@ class FirstStage:
         self.device = pick_device(device)  # None: the GPU when this replica was given one
         ids, vectors, meta = read_image_embeddings(token_tables, shard, num_shards)
         self.index = EmbeddingIndex(ids, vectors, index_factory, self.device, index_search_params)
-        self.index_recall_at_10 = self.index.recall_vs_exact(10)
         if index_factory != "Flat":  # an approximate index says what it loses, where it is built
             print(f"[first stage] {index_factory} {index_search_params}: recall@10 against exact search "
-                  f"{self.index_recall_at_10:.3f} (1,000 stored vectors as queries), index {self.index.nbytes():,} B "
+                  f"{self.index.recall_vs_exact(10):.3f} (1,000 stored vectors as queries), index {self.index.nbytes():,} B "
                   f"for {len(self.index):,} images", flush=True)
             self.index.release_vectors()  # serve from the codes: the point of a compressed index is its memory
         self.backbone = load_backbone(meta, pretrained_override, self.device)
@@ -148,8 +147,7 @@ class FirstStage:
     def search(self, query: str, k: int) -> List[Tuple[str, float]]:
         """Top-k (image id, cosine) for one query text."""
         self.sync_live()
-        scores, rows = self.index.search(embed_texts(self.backbone, [query]), k)
-        return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
+        return self._hits(*self.index.search(embed_texts(self.backbone, [query]), k))
 
     def search_image(self, image_id: str, query: Optional[str], image_weight: float, k: int) -> ImageQueryHits:
         """Top-k (image id, cosine) for a corpus image and an optional text (`combine_query`), the image excluded."""
@@ -158,14 +156,15 @@ class FirstStage:
                                          image_weight)
         if missing:
             return ImageQueryHits([], None, missing)
-        scores, rows = self.index.search(vectors, k, exclude=[image_id])
-        hits = [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
-        return ImageQueryHits(hits, vectors[0], [])
+        return ImageQueryHits(self._hits(*self.index.search(vectors, k, exclude=[image_id])), vectors[0], [])
 
     def search_vector(self, vector: np.ndarray, k: int) -> List[Tuple[str, float]]:
         """Top-k (image id, cosine) for a query vector built elsewhere (another shard's image query)."""
         self.sync_live()
-        scores, rows = self.index.search(np.asarray(vector, np.float32)[None], k)
+        return self._hits(*self.index.search(np.asarray(vector, np.float32)[None], k))
+
+    def _hits(self, scores: np.ndarray, rows: np.ndarray) -> List[Tuple[str, float]]:
+        """(image id, cosine) of one query's search result, without the empty slots."""
         return [(self.index.ids[r], float(s)) for r, s in zip(rows[0], scores[0]) if r >= 0]
 
     def embed(self, texts: List[str]) -> np.ndarray:
