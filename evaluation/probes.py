@@ -56,22 +56,27 @@ def _predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.hstack([x, np.ones((len(x), 1), x.dtype)]) @ w
 
 
-def _score(pred: np.ndarray, y: np.ndarray, multilabel: bool) -> float:
+def _score(pred: np.ndarray, y: np.ndarray, multilabel: bool, regression: bool = False) -> float:
+    if regression:  # R^2, averaged over the outputs
+        return float(np.mean(1 - ((pred - y) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)))
     if multilabel:
         return float(((pred > 0.5) == (y > 0.5)).mean())
     return float((pred.argmax(1) == y.argmax(1)).mean())
 
 
 def fit_probe(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-              multilabel: bool) -> ProbeResult:
-    """Standardise, choose the ridge strength on a fifth of the training rows, refit, score held out."""
+              multilabel: bool, regression: bool = False) -> ProbeResult:
+    """Standardise, choose the ridge strength on a fifth of the training rows, refit, score held out
+    (regression: R^2 of continuous targets, against 0 for always answering the mean)."""
     mean, std = x_train.mean(0), x_train.std(0) + 1e-6
     xt, xe = (x_train - mean) / std, (x_test - mean) / std
     xt, xe = xt.astype(np.float64), xe.astype(np.float64)
     cut = int(len(xt) * 0.8)
     best = max(ALPHAS, key=lambda a: _score(_predict(_ridge(xt[:cut], y_train[:cut], a), xt[cut:]),
-                                            y_train[cut:], multilabel))
+                                            y_train[cut:], multilabel, regression))
     pred = _predict(_ridge(xt, y_train, best), xe)
+    if regression:
+        return ProbeResult(name, _score(pred, y_test, False, True), 0.0, best, len(xt), len(xe))
     if multilabel:
         baseline = float((y_test < 0.5).mean())
     else:

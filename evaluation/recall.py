@@ -38,25 +38,3 @@ def within_group_accuracy(rankings: np.ndarray, correct: Sequence[np.ndarray], g
         hits += int(pos[0] < twins[0])
     return {"accuracy": round(100.0 * hits / total, 2) if total else None, "queries": total}
 
-
-def within_group_pairs_by_kind(rankings: np.ndarray, correct: Sequence[np.ndarray], group: np.ndarray,
-                               kinds: Sequence[frozenset], k: int) -> Dict[str, Dict]:
-    """Binding per twin kind: for each (answer, twin of its group) pair in a query's first k, whether the
-    answer is ranked above the twin, bucketed by what tells them apart: the symmetric difference of the
-    two items' swap kinds (``kinds[item]``, e.g. {"colour"}), named "colour", "shape", ... for one swap and
-    "two swaps" otherwise. Returns {kind: {"accuracy": percent, "pairs": n}}."""
-    hits: Dict[str, int] = {}
-    total: Dict[str, int] = {}
-    for q, answers in enumerate(correct):
-        top = rankings[q, :k]
-        pos = np.flatnonzero(np.isin(top, answers))
-        if not pos.size:
-            continue
-        answer = top[pos[0]]
-        for t in np.flatnonzero((group[top] == group[answer]) & ~np.isin(top, answers)):
-            diff = kinds[answer] ^ kinds[top[t]]
-            name = next(iter(diff)) if len(diff) == 1 else "two swaps"
-            total[name] = total.get(name, 0) + 1
-            hits[name] = hits.get(name, 0) + int(pos[0] < t)
-    return {name: {"accuracy": round(100.0 * hits[name] / total[name], 2), "pairs": total[name]}
-            for name in sorted(total)}

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from evaluation.calibration import calibration_report, fit_platt
-from evaluation.recall import rerank, within_group_accuracy, within_group_pairs_by_kind
+from evaluation.recall import rerank, within_group_accuracy
+from evaluation.scene_pairs import KINDS as TWIN_KINDS
+from evaluation.scene_pairs import pairs_by_scene
 from model.backbone import VisionBackbone
 from model.device import pick_device
 from model.edje import load_checkpoint
@@ -27,6 +29,7 @@ from model.embedding_index import EmbeddingIndex
 from model.ranking import RankingConfig, read_ranking, write_ranking
 from model.recall import KS, i2t_answers, recall, t2i_answers
 from model.scoring import PairScorer
+from sampleworld.scene import Scene
 from schemas.annotations import Annotations, load_annotations
 from schemas.codecs import TokenCodec
 from schemas.config import CodecConfig
@@ -216,15 +219,19 @@ def evaluate(cfg: EvalConfig) -> Dict:
     if world is not None:
         # Items ranked: images for text->image, captions (grouped by their image's family) for image->text.
         k = min(cfg.k, ann.num_images)
-        families, swaps = world
-        caption_swaps = [swaps[i] for i in ann.caption_image]
-        for name, st, group, kinds in (("t2i", t2i, families, swaps), ("i2t", i2t, families[ann.caption_image], caption_swaps)):
+        families, scenes = world
+        caption_scenes = [scenes[i] for i in ann.caption_image]
+        for name, st, group, sc, caption_of in (
+                ("t2i", t2i, families, scenes, lambda q, item: ann.captions[q]),
+                ("i2t", i2t, families[ann.caption_image], caption_scenes, lambda q, item: ann.captions[item])):
             metrics[name]["within_family"] = {
                 "first_stage": within_group_accuracy(st.first, st.answers, group, k),
-                "reranked": within_group_accuracy(st.reranked, st.answers, group, k),
-                # what binding each stage gets right: answer vs twin pairs, by the swap that tells them apart
-                "by_kind": {"first_stage": within_group_pairs_by_kind(st.first, st.answers, group, kinds, k),
-                            "reranked": within_group_pairs_by_kind(st.reranked, st.answers, group, kinds, k)}}
+                "reranked": within_group_accuracy(st.reranked, st.answers, group, k)}
+            # what binding each stage gets right: answer vs twin pairs, by what differs between their scenes
+            pairs = {stage: pairs_by_scene(order, st.answers, group, sc, k, caption_of)
+                     for stage, order in (("first_stage", st.first), ("reranked", st.reranked))}
+            metrics[name]["within_family"]["by_kind"] = {s: p["by_kind"] for s, p in pairs.items()}
+            metrics[name]["within_family"]["relation_subsets"] = {s: p["relation_subsets"] for s, p in pairs.items()}
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -245,7 +252,6 @@ def candidate_labels(candidates: np.ndarray, answers: Sequence[np.ndarray]) -> n
     return np.stack([np.isin(row, ans) for row, ans in zip(candidates, answers)])
 
 
-TWIN_KINDS = ("colour", "shape", "size", "relation", "two swaps")
 FUSION_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
 
@@ -265,9 +271,9 @@ def family_groups(ann: Annotations) -> Optional[np.ndarray]:
     return None if found is None else found[0]
 
 
-def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[frozenset]]]:
+def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[Scene]]]:
     """From one read of the world.json beside the annotations (when it holds every image): each image's
-    family id and its swap kinds relative to its family's base image ({} for the base)."""
+    family id and scene."""
     world = ann.path.parent / "world.json"
     if not world.exists():
         return None
@@ -275,7 +281,7 @@ def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[frozense
     if not all(i in records for i in ann.image_ids):
         return None
     rows = [records[i] for i in ann.image_ids]
-    return np.array([r["family_id"] for r in rows]), [frozenset(s["kind"] for s in r["swaps"]) for r in rows]
+    return np.array([r["family_id"] for r in rows]), [Scene.from_json(r) for r in rows]
 
 
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
@@ -310,14 +316,26 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
             pct = [f"{f[s]['accuracy']:.2f}" if f[s]["accuracy"] is not None else "–" for s in ("first_stage", "reranked")]
             lines.append(f"| {d} | {pct[0]} | {pct[1]} | "
                          f"{f['first_stage']['queries']} / {f['reranked']['queries']} |")
-        lines += ["", "Per twin kind: answer ranked above a twin that differs from it by one swap of that kind "
-                  "(pairs in the top k), first stage → reranked.", "",
+        lines += ["", "Per twin kind: answer ranked above a twin whose scene differs from its own in that way alone "
+                  "(pairs in the top k), first stage → reranked (pairs), with the reranked figure's 95 % interval "
+                  "(bootstrap over families).", "",
                   "| direction | " + " | ".join(TWIN_KINDS) + " |", "| --- |" + " ---: |" * len(TWIN_KINDS)]
         for d, f in fam:
             by = f.get("by_kind", {})
             cells = []
             for kind in TWIN_KINDS:
                 a, b = by.get("first_stage", {}).get(kind), by.get("reranked", {}).get(kind)
-                cells.append(f"{a['accuracy']:.1f} → {b['accuracy']:.1f} ({b['pairs']})" if a and b else "–")
+                cells.append(f"{a['accuracy']:.1f} → {b['accuracy']:.1f} ({b['pairs']}) [{b['ci95'][0]:.0f}, "
+                             f"{b['ci95'][1]:.0f}]" if a and b else "–")
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
+        subsets = [(d, f.get("relation_subsets", {}).get("reranked", {})) for d, f in fam]
+        if any(s for _, s in subsets):
+            lines += ["", "Relation pairs by subset (reranked): accuracy [95 % interval] (pairs / families). "
+                      "\"same side\": both objects on one side of the image centre, where the subject's side alone "
+                      "does not decide the relation.", "", "| subset | " + " | ".join(d for d, _ in subsets) + " |",
+                      "| --- |" + " ---: |" * len(subsets)]
+            for name in sorted({n for _, s in subsets for n in s}):
+                cells = [f"{s[name]['accuracy']:.1f} [{s[name]['ci95'][0]:.0f}, {s[name]['ci95'][1]:.0f}] "
+                         f"({s[name]['pairs']} / {s[name]['families']})" if name in s else "–" for _, s in subsets]
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -12,15 +12,18 @@ hidden state just before the LM head. No image token ever enters BERT.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertPooler
 
 from model import wordpieces
+from model.relation_roles import NUM_ROLES, role_matrix, word_starts
 from schemas.config import JointEncoderConfig
 
 
@@ -33,6 +36,7 @@ class PairBatch:
     token_type_ids: torch.Tensor  # [B, T]
     image_mask: torch.Tensor  # [B, T] bool, exactly m True per row, in order
     text_mask: torch.Tensor  # [B, T] bool, caption wordpieces (no special tokens)
+    roles: Optional[torch.Tensor] = None  # [B, T, NUM_ROLES] relation roles of caption positions (relation_roles)
 
 
 class JointEncoder(nn.Module):
@@ -62,6 +66,23 @@ class JointEncoder(nn.Module):
         self.mlm_fusion = GlobalMLMFusion(hidden) if cfg.itm_input == "global" else None
         # Captions recur across training steps (and queries across requests): tokenise each once.
         self.wordpiece_cache = wordpieces.WordpieceCache()
+        layers = self.bert.config.num_hidden_layers
+        for name in ("route_layer", "ground_layer"):
+            if getattr(cfg, name) > layers:
+                raise ValueError(f"{name}={getattr(cfg, name)} but BERT has {layers} layers")
+        # What the layer hooks of one forward read and leave: per thread, as serving threads share an encoder.
+        self._pass = _PassState()
+        if cfg.relation_roles:
+            self.role_embedding = nn.Linear(NUM_ROLES, hidden, bias=False)
+            nn.init.zeros_(self.role_embedding.weight)  # a new input starts at 0: a warm start is unchanged
+            self.role_cache = wordpieces.WordpieceCache()
+        if cfg.route_layer:
+            self.route = nn.Linear(hidden, hidden, bias=False)
+            nn.init.zeros_(self.route.weight)
+            self.bert.bert.encoder.layer[cfg.route_layer - 1].register_forward_hook(self._add_route)
+        if cfg.ground_layer:
+            self.ground_head = nn.Linear(hidden, 2)
+            self.bert.bert.encoder.layer[cfg.ground_layer - 1].register_forward_hook(self._keep_ground_states)
 
     @property
     def hidden_size(self) -> int:
@@ -97,13 +118,37 @@ class JointEncoder(nn.Module):
         rows, inverse = self._caption_wordpieces(texts)
         tok = self.tokenizer
         fields = wordpieces.pair_rows(rows, num_image_tokens, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
+        if self.config.relation_roles:
+            fields = (*fields, self._role_rows(texts, inverse, rows, fields[0].shape[1]))
         return PairBatch(*_gather(fields, inverse, device))
+
+    def _role_rows(self, texts: Sequence[str], inverse: torch.Tensor, rows: List[List[int]], width: int) -> torch.Tensor:
+        """[U, T, NUM_ROLES] roles of each distinct text's caption positions (1..n), from the parse of its words."""
+        unique = list(dict.fromkeys(texts))
+        tok = self.tokenizer
+
+        def parse(batch: List[str]) -> List[np.ndarray]:
+            return [role_matrix(t, lambda w: len(tok.tokenize(w))) for t in batch]
+        out = torch.zeros(len(unique), width, NUM_ROLES)
+        for u, (matrix, pieces) in enumerate(zip(self.role_cache.lookup(unique, parse, id(tok)), rows)):
+            n = min(len(matrix), len(pieces))  # truncated captions keep the roles of the pieces they keep
+            out[u, 1:1 + n] = torch.from_numpy(matrix[:n])
+        return out
 
     def embed_pairs(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
         """Word embeddings with the image positions replaced by `image_tokens`."""
         emb = self.bert.get_input_embeddings()(batch.input_ids)
         emb = place_image_tokens(emb, batch.image_mask, image_tokens.to(emb.dtype))
-        return self.word_context(emb, batch.text_mask) if self.word_context is not None else emb
+        if self.word_context is not None:
+            emb = self.word_context(emb, batch.text_mask)
+        if self.config.relation_roles:
+            emb = emb + self.role_embedding(batch.roles.to(emb.dtype)) * batch.text_mask[..., None].to(emb.dtype)
+        return emb
+
+    def word_positions(self, text: str) -> List[int]:
+        """Pair-layout position of each whitespace word's first wordpiece, for the words truncation keeps."""
+        n = self.config.max_text_tokens
+        return [1 + s for s in word_starts(text, lambda w: len(self.tokenizer.tokenize(w))) if s < n]
 
     def check_image_tokens(self, texts: Sequence[str], image_tokens: torch.Tensor) -> None:
         """Shape checks that would otherwise surface as a broadcast or a crash deep in torch."""
@@ -132,12 +177,59 @@ class JointEncoder(nn.Module):
 
     def _encode(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
         """BERT's sequence output [B, T, h] over a laid-out batch."""
-        out = self.bert.bert(
-            inputs_embeds=self.embed_pairs(batch, image_tokens),
-            attention_mask=batch.attention_mask,
-            token_type_ids=batch.token_type_ids,
-        )
+        self._pass.roles = batch.roles
+        try:
+            out = self.bert.bert(
+                inputs_embeds=self.embed_pairs(batch, image_tokens),
+                attention_mask=batch.attention_mask,
+                token_type_ids=batch.token_type_ids,
+                position_ids=self._position_ids(batch),
+            )
+        finally:
+            self._pass.roles = None
         return out.last_hidden_state
+
+    def _position_ids(self, batch: PairBatch) -> Optional[torch.Tensor]:
+        """None (BERT's 0..T-1) after the text; with fixed image positions, image token i at
+        max_text_tokens + 2 + i and the final [SEP] after them, whatever the caption's length."""
+        if self.config.image_positions != "fixed":
+            return None
+        j = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device).expand_as(batch.input_ids)
+        start = self.config.max_text_tokens + 2
+        m = int(batch.image_mask[0].sum())
+        pos = torch.where(batch.image_mask, start + batch.image_mask.long().cumsum(1) - 1, j)
+        final_sep = j == batch.text_mask.sum(1, keepdim=True) + 2 + m
+        return torch.where(final_sep, torch.full_like(pos, start + m), pos)
+
+    def _add_route(self, module, inputs, output):
+        """Layer hook: each relation word gets route(mean subject state - mean object state) of its relation."""
+        roles = self._pass.roles
+        if roles is None:  # text-only passes carry no roles
+            return output
+        h = output[0] if isinstance(output, tuple) else output
+        roles = roles.to(h.dtype)
+        rel, sub, obj = roles[..., 0::3], roles[..., 1::3], roles[..., 2::3]  # [B, T, relations]
+
+        def mean(weights: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("btk,bth->bkh", weights, h) / weights.sum(1).clamp_min(1)[..., None]
+        h = h + torch.einsum("btk,bkh->bth", rel, self.route(mean(sub) - mean(obj)))
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    def _keep_ground_states(self, module, inputs, output):
+        if self._pass.want_ground:  # only score_and_ground reads them; other passes keep nothing alive
+            self._pass.ground_states = output[0] if isinstance(output, tuple) else output
+
+    def score_and_ground(self, texts: Sequence[str], image_tokens: torch.Tensor):
+        """(ITM logits [B], predicted object centre [B, T, 2] of every position after `ground_layer` layers)."""
+        if not self.config.ground_layer:
+            raise ValueError("this joint encoder has no grounding head (ground_layer=0)")
+        self._pass.want_ground = True
+        try:
+            hidden, _ = self.encode_pairs(texts, image_tokens)
+        finally:
+            self._pass.want_ground = False
+        states, self._pass.ground_states = self._pass.ground_states, None
+        return self.itm_head(hidden).squeeze(-1), self.ground_head(states)
 
     def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
         """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
@@ -333,4 +425,16 @@ def _gather(rows: Sequence[torch.Tensor], inverse: torch.Tensor, device: torch.d
 
 
 def _to(batch: PairBatch, device: torch.device) -> PairBatch:
-    return PairBatch(*(getattr(batch, f).to(device) for f in PairBatch.__dataclass_fields__))
+    fields = (getattr(batch, f) for f in PairBatch.__dataclass_fields__)
+    return PairBatch(*(f.to(device) if f is not None else None for f in fields))
+
+
+class _PassState(threading.local):
+    """Per-thread scratch of one forward (the batch's roles, the grounding layer's states); copies start empty."""
+
+    roles: Optional[torch.Tensor] = None
+    ground_states: Optional[torch.Tensor] = None
+    want_ground: bool = False
+
+    def __reduce__(self):
+        return (_PassState, ())

@@ -20,7 +20,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from research.relation_roles import NUM_ROLES, role_matrix  # noqa: E402
+from evaluation.scene_pairs import side_of  # noqa: E402
+from model.relation_roles import NUM_ROLES, role_matrix  # noqa: E402
 from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article  # noqa: E402
 from sampleworld.scene import Scene  # noqa: E402
 from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer  # noqa: E402
@@ -71,6 +72,7 @@ class LabConfig:
     train_seed: int = 100
     n_train: int = 12000
     n_val: int = 500
+    same_side_rate: float = 0.0  # share of two-object families with both objects on one side (train and val)
     steps: int = 600
     families: int = 8
     lr: float = 1e-3
@@ -113,7 +115,8 @@ def main():
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    recs = sample_records(WorldConfig(seed=cfg.train_seed, n_train=cfg.n_train, n_val=cfg.n_val, n_test=0))
+    recs = sample_records(WorldConfig(seed=cfg.train_seed, n_train=cfg.n_train, n_val=cfg.n_val, n_test=0,
+                                      same_side_rate=cfg.same_side_rate))
     st = SceneTokenizer(SceneTokenConfig())
     toks = torch.from_numpy(st.batch([r.scene for r in recs]))
     fam = {}
@@ -360,6 +363,16 @@ def main():
         split = {}
         for name, sel in (("d1", lambda d: d == 1), ("d2-4", lambda d: 2 <= d <= 4), ("d5+", lambda d: d >= 5)):
             v = [o for o, d in zip(ok, dists) if sel(d)]
+            if v:
+                split[name] = (round(float(np.mean(v)), 3), len(v))
+        # both objects on one side of the centre: the subject's side alone does not give the relation
+        def side(scene):
+            if len(scene.objects) != 2:
+                return "3 objects"
+            return side_of(scene, 0 if scene.relations[0].predicate in ("left_of", "right_of") else 1)
+        sides = [side(recs[idx[r]].scene) for r in rows.tolist()]
+        for name in ("same side", "both sides"):
+            v = [o for o, sd in zip(ok, sides) if sd == name]
             if v:
                 split[name] = (round(float(np.mean(v)), 3), len(v))
         bind["relation_split"] = split

@@ -23,8 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.recall import rerank, within_group_accuracy, within_group_pairs_by_kind
+from evaluation.recall import rerank, within_group_accuracy
 from evaluation.rerank_eval import first_stage, select_rows, world_families
+from evaluation.scene_pairs import pairs_by_scene
 from model.recall import KS, recall, t2i_answers
 from research.elip_model import ELIPReranker, encode_prompted, load_elip
 from schemas.annotations import Annotations, load_annotations, load_images
@@ -98,12 +99,12 @@ def rerank_metrics(ann: Annotations, first: np.ndarray, scores: np.ndarray, k: i
     metrics: Dict = {"first_stage": recall(first, answers), "reranked": recall(reranked, answers)}
     world = world_families(ann)
     if world is not None:
-        families, swaps = world
+        families, scenes = world
         metrics["within_family"] = {
             "first_stage": within_group_accuracy(first, answers, families, k),
             "reranked": within_group_accuracy(reranked, answers, families, k),
-            "by_kind": {"first_stage": within_group_pairs_by_kind(first, answers, families, swaps, k),
-                        "reranked": within_group_pairs_by_kind(reranked, answers, families, swaps, k)}}
+            "by_kind": {"first_stage": pairs_by_scene(first, answers, families, scenes, k)["by_kind"],
+                        "reranked": pairs_by_scene(reranked, answers, families, scenes, k)["by_kind"]}}
     return metrics
 
 

@@ -48,6 +48,9 @@ class ELIPTrainConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 20
     logit_scale: Optional[float] = None  # InfoNCE temperature; None: the backbone's own (frozen) logit scale
+    # Learn the InfoNCE scale (its log, from logit_scale) beside the mapper: one prompt set per query pulls its
+    # candidates' cosines together, and a fixed scale then flattens the softmax the mapper learns from.
+    learn_scale: bool = False
     eval_every: int = 200  # steps; also evaluated before the first step and after the last
     val_queries: int = 500  # first caption of the first N validation images (the gallery is the whole split)
     k: int = 10
@@ -61,7 +64,7 @@ class ELIPTrainConfig:
             raise ValueError(f"batch_size {self.batch_size} exceeds train_images {self.train_images}")
 
 
-def infonce_loss(model: ELIPReranker, text_emb: torch.Tensor, tokens: torch.Tensor, scale: float) -> torch.Tensor:
+def infonce_loss(model: ELIPReranker, text_emb: torch.Tensor, tokens: torch.Tensor, scale) -> torch.Tensor:
     """ELIP-C's loss: each text [B, e] against its prompted embeddings of all B images [B, n, d]; row i's answer is image i."""
     b = len(text_emb)
     logits = scale * model.score(text_emb, tokens.unsqueeze(0).expand(b, *tokens.shape))
@@ -69,8 +72,9 @@ def infonce_loss(model: ELIPReranker, text_emb: torch.Tensor, tokens: torch.Tens
 
 
 def train_step(model: ELIPReranker, opt: torch.optim.Optimizer, text_emb: torch.Tensor, tokens: torch.Tensor,
-               scale: float) -> float:
-    """One optimiser step of the mapper on a batch (texts [B, e], their images' input tokens [B, n, d]); the loss."""
+               scale) -> float:
+    """One optimiser step of the mapper on a batch (texts [B, e], their images' input tokens [B, n, d]); the loss.
+    `scale`: a float, or a 0-d tensor (a learned scale, stepped by the same optimiser)."""
     loss = infonce_loss(model, text_emb, tokens, scale)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -119,7 +123,9 @@ def train_elip(cfg: ELIPTrainConfig, log: Callable[[str], None] = print, model: 
                 "val_within_family": m["t2i"].get("within_family", {}).get("reranked"),
                 "elapsed_s": round(time.time() - start, 1)}
 
-    opt = torch.optim.AdamW(model.mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    log_scale = torch.nn.Parameter(torch.tensor(math.log(scale)), requires_grad=cfg.learn_scale)
+    params = list(model.mapper.parameters()) + ([log_scale] if cfg.learn_scale else [])
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     history = [validate(0)]
     log(json.dumps(history[-1]))
@@ -131,13 +137,14 @@ def train_elip(cfg: ELIPTrainConfig, log: Callable[[str], None] = print, model: 
             batches = epoch_batches(emb.numpy(), cfg, rng)
         idx = batches.pop()
         texts = torch.stack([text_emb[int(rng.choice(per_image[i]))] for i in idx])  # one caption per image
-        losses.append(train_step(model, opt, texts, tokens[torch.from_numpy(idx)], scale))
-        # The same batch scored by the first stage's cosine: what the prompts have to beat.
-        plain.append(F.cross_entropy(scale * texts @ emb[torch.from_numpy(idx)].T, torch.arange(len(idx))).item())
+        losses.append(train_step(model, opt, texts, tokens[torch.from_numpy(idx)], log_scale.exp()))
+        # The same batch scored by the first stage's cosine at the same scale: what the prompts have to beat.
+        plain.append(F.cross_entropy(float(log_scale.exp()) * texts @ emb[torch.from_numpy(idx)].T,
+                                     torch.arange(len(idx))).item())
         sched.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             row = {**validate(step), "loss": round(float(np.mean(losses)), 4),
-                   "loss_first_stage": round(float(np.mean(plain)), 4)}
+                   "loss_first_stage": round(float(np.mean(plain)), 4), "logit_scale": round(float(log_scale.exp()), 3)}
             history.append(row)
             log(json.dumps(row))
             losses, plain = [], []

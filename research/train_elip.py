@@ -40,6 +40,7 @@ def main(argv=None) -> None:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--logit-scale", type=float, default=None, help="InfoNCE scale (default: the backbone's)")
+    p.add_argument("--learn-scale", action="store_true", help="learn the InfoNCE scale (from --logit-scale)")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--val-queries", type=int, default=d.val_queries)
     p.add_argument("--k", type=int, default=d.k)
@@ -51,6 +52,7 @@ def main(argv=None) -> None:
                           train_images=a.train_images, batch_size=a.batch_size, cluster_size=a.cluster_size,
                           neighbour_fraction=a.neighbour_fraction, steps=a.steps, lr=a.lr,
                           weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, logit_scale=a.logit_scale,
+                          learn_scale=a.learn_scale,
                           eval_every=a.eval_every, val_queries=a.val_queries, k=a.k, seed=a.seed, threads=a.threads)
     record = train_elip(cfg)
     print(f"kept step {record['kept_step']} ({record['kept_on']}); wall {record['wall_s']} s -> {a.output}")

@@ -30,6 +30,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-objects", type=int, default=_DEFAULTS.max_objects,
                    help="most objects per scene (default %(default)s); --min-objects 1 --max-objects 1 --family-size 1 "
                    "is the curriculum's first world: one object per image, no twins")
+    g.add_argument("--same-side-rate", type=float, default=_DEFAULTS.same_side_rate,
+                   help="share of two-object families with both objects on one side of the image centre "
+                   "(default %(default)s)")
     g.add_argument("--held-out", nargs="+", default=[], metavar="VALUE+VALUE",
                    help="attribute combinations withheld, e.g. red+circle large+square (see --held-out-mode)")
     g.add_argument("--held-out-mode", choices=("exclude", "only"), default="exclude",
@@ -66,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_objects=args.max_objects,
             held_out=tuple(args.held_out),
             held_out_mode=args.held_out_mode,
+            same_side_rate=args.same_side_rate,
         )
         t0 = time.perf_counter()
         m = generate(config, args.out)

@@ -52,8 +52,10 @@ def sample_family(
     family_size: int,
     taken: set[tuple] | None = None,
     objects: tuple[int, int] = (2, 3),
+    same_side_rate: float = 0.0,
 ) -> list[Member]:
     """A base scene and ``family_size - 1`` twins, all with distinct signatures not in ``taken``.
+    A share ``same_side_rate`` of two-object families put both objects on one side of the image centre.
 
     ``taken`` (updated in place) keeps every scene meaning unique across the world, so each
     caption describes exactly one image of the corpus.
@@ -73,7 +75,9 @@ def sample_family(
     for _ in range(_MAX_TRIES):
         background = sample_background(rng)
         n_objects = lo + int(rng.integers(hi - lo + 1))  # (2, 3): the stream every world so far was drawn from
-        base = sample_scene(rng, n_objects, background)
+        # Drawn only when asked for, so worlds without same-side scenes keep their random stream.
+        same_side = n_objects == 2 and same_side_rate > 0 and rng.random() < same_side_rate
+        base = sample_scene(rng, n_objects, background, same_side)
         members = [Member(base, ())]
         seen = {base.signature()}
         if base.signature() in taken:

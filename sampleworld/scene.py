@@ -52,6 +52,10 @@ _SPREAD = {1: 0.0, 2: 0.25, 3: 0.32}
 _JITTER_ALONG = {1: 0.1, 2: 0.02, 3: 0.01}
 _JITTER_ACROSS = {1: 0.1, 2: 0.06, 3: 0.01}
 _MARGIN = 0.01
+# Two objects on one side of the image centre: their centres this far apart along the relation's axis
+# (two large objects side by side with a small gap), and both short of the centre line by this much.
+_SAME_SIDE_SPREAD = 0.30
+_SAME_SIDE_GAP = 0.01
 
 
 @dataclass(frozen=True)
@@ -182,10 +186,14 @@ def _layout_cells(rng: np.random.Generator, n_objects: int) -> list[tuple[int, i
     return [(1 + c1, 1 + d1), (1, 1), (1 + c2, 1 + d2)]
 
 
-def _layout_centers(rng: np.random.Generator, cells: list[tuple[int, int]]) -> list[tuple[float, float]]:
+def _layout_centers(rng: np.random.Generator, cells: list[tuple[int, int]], same_side: bool = False) -> list[tuple[float, float]]:
     """Jittered centres for the cells, then a random global shift that keeps every object
-    inside the frame even if it were large (so a size-swap twin still fits)."""
+    inside the frame even if it were large (so a size-swap twin still fits). same_side (two objects):
+    both centres on one side of the image centre along their axis, so the subject's side alone does
+    not decide the relation."""
     n = len(cells)
+    if same_side:
+        return _same_side_centers(rng, cells)
     spread, along, across = _SPREAD[n], _JITTER_ALONG[n], _JITTER_ACROSS[n]
     horizontal_axis = len({c[1] for c in cells}) == 1  # all in one row
     vertical_axis = len({c[0] for c in cells}) == 1
@@ -202,16 +210,39 @@ def _layout_centers(rng: np.random.Generator, cells: list[tuple[int, int]]) -> l
     return [(_r4(x), _r4(y)) for x, y in arr]
 
 
-def sample_scene(rng: np.random.Generator, n_objects: int, background: tuple[int, int, int]) -> Scene:
-    """A random scene with distinct shapes and distinct colours (so bindings are unambiguous)."""
+def _same_side_centers(rng: np.random.Generator, cells: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """Two aligned cells placed _SAME_SIDE_SPREAD apart, both on a random side of 0.5 along their axis."""
+    if len(cells) != 2:
+        raise ValueError("same-side layouts place two objects")
+    axis = 0 if cells[0][1] == cells[1][1] else 1  # 0: one row (left/right), 1: one column (above/below)
+    lo = _MARGIN + MAX_RADIUS
+    first = lo + rng.random() * (0.5 - _SAME_SIDE_GAP - _SAME_SIDE_SPREAD - lo)  # the lower centre
+    if rng.random() < 0.5:  # the far side: mirrored
+        first = 1.0 - first - _SAME_SIDE_SPREAD
+    across = 0.5 + (rng.random() - 0.5) * 2 * (0.5 - lo - _JITTER_ACROSS[2])
+    out = []
+    for cell in cells:
+        along = first + _SAME_SIDE_SPREAD * (cell[axis] > min(c[axis] for c in cells))
+        jitter = rng.uniform(-_JITTER_ACROSS[2], _JITTER_ACROSS[2])
+        point = (along, across + jitter) if axis == 0 else (across + jitter, along)
+        out.append((_r4(point[0]), _r4(point[1])))
+    return out
+
+
+def sample_scene(rng: np.random.Generator, n_objects: int, background: tuple[int, int, int],
+                 same_side: bool = False) -> Scene:
+    """A random scene with distinct shapes and distinct colours (so bindings are unambiguous); same_side
+    (two objects): both on one side of the image centre."""
     if n_objects not in (1, 2, 3):
         raise ValueError("scenes hold one, two or three objects")
+    if same_side and n_objects != 2:
+        raise ValueError("same-side scenes hold two objects")
     shapes = rng.permutation(len(SHAPES))[:n_objects]
     colour_names = list(COLOURS)
     colours = rng.permutation(len(colour_names))[:n_objects]
     sizes = rng.random(n_objects) < 0.5
     cells = _layout_cells(rng, n_objects)
-    centers = _layout_centers(rng, cells)
+    centers = _layout_centers(rng, cells, same_side)
     objs = tuple(
         SceneObject(
             shape=SHAPES[int(shapes[i])],

@@ -13,6 +13,7 @@ import numpy as np
 
 from .captions import make_captions
 from .family import sample_family
+from .grounding import caption_grounding
 from .held_out import HeldOut
 from .render import encode_jpeg, render
 from .scene import COLOURS, RELATIONS, SHAPES, SIZES, Scene, Swap
@@ -44,6 +45,9 @@ class WorldConfig:
     # world excludes them everywhere or is made only of images that show one.
     held_out: tuple[str, ...] = ()
     held_out_mode: str = "exclude"
+    # Share of two-object families whose objects both lie on one side of the image centre (the relation
+    # cannot be read from the subject's side alone; reported as the "same side" subset).
+    same_side_rate: float = 0.0
 
     def families(self, split: str) -> int:
         """Number of families in ``split`` (nearest whole number; at least one if asked for any)."""
@@ -140,10 +144,13 @@ def annotation_path(root: str | Path, split: str) -> Path:
 
 
 def _annotations(records: Sequence[ImageRecord], split: str) -> list[dict[str, Any]]:
-    """BLIP/EDJE format: train has one entry per caption, val/test one per image."""
+    """BLIP/EDJE format: train has one entry per caption, val/test one per image; each caption's grounding
+    (sampleworld/grounding.py: word index and object centre) rides along as phrase-box annotations do."""
     if split == "train":
-        return [{"image": r.image, "caption": c, "image_id": r.image_id} for r in records for c in r.captions]
-    return [{"image": r.image, "caption": list(r.captions), "image_id": r.image_id} for r in records]
+        return [{"image": r.image, "caption": c, "image_id": r.image_id, "grounding": caption_grounding(c, r.scene)}
+                for r in records for c in r.captions]
+    return [{"image": r.image, "caption": list(r.captions), "image_id": r.image_id,
+             "grounding": [caption_grounding(c, r.scene) for c in r.captions]} for r in records]
 
 
 def _vocabulary() -> dict[str, Any]:
@@ -166,14 +173,16 @@ def sample_records(config: WorldConfig) -> list[ImageRecord]:
     family_id = 0
     for split in SPLITS:
         for _ in range(config.families(split)):
-            members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects))
+            members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects),
+                                    config.same_side_rate)
             tries = 1
             while held is not None and not held.admits([m.scene for m in members]):
                 # Only worlds with held-out combinations draw again, so every other seed keeps its bytes.
                 if tries >= _HELD_OUT_TRIES:
                     raise ValueError(f"no family fits held-out {config.held_out} ({config.held_out_mode}) "
                                      f"in {tries} draws")
-                members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects))
+                members = sample_family(rng, config.family_size, taken, (config.min_objects, config.max_objects),
+                                        config.same_side_rate)
                 tries += 1
             # One caption seed per family: every member gets the same templates and synonym slots.
             caption_seed = int(rng.integers(2**63))
@@ -203,10 +212,13 @@ def _clear_stale_images(image_dir: Path, keep: set[str]) -> None:
 
 
 def _config_json(config: WorldConfig) -> dict[str, Any]:
-    """world.json's config; a world without held-out combinations writes the same bytes as before they existed."""
+    """world.json's config; a world without held-out combinations or same-side scenes writes the same bytes as
+    before they existed."""
     cfg = asdict(config)
     if not config.held_out:
         del cfg["held_out"], cfg["held_out_mode"]
+    if not config.same_side_rate:
+        del cfg["same_side_rate"]
     return cfg
 
 

@@ -87,6 +87,27 @@ def load_annotations(path: str | Path) -> Annotations:
     return Annotations(path, image_ids, image_paths, captions, np.asarray(owner, dtype=np.int64))
 
 
+def load_grounding(path: str | Path) -> dict:
+    """{(image id, caption): float32 [words, 3] of (word index, centre x, centre y)} from an annotation file whose
+    entries carry `grounding` (one list per caption, as `caption` is a string or a list); ValueError if none does."""
+    out: dict = {}
+    for n, e in enumerate(read_entries(path)):
+        if "grounding" not in e:
+            continue
+        caps = e["caption"] if isinstance(e["caption"], list) else [e["caption"]]
+        grounds = e["grounding"] if isinstance(e["caption"], list) else [e["grounding"]]
+        if len(grounds) != len(caps):
+            raise ValueError(f"{path}: entry {n} has {len(caps)} captions but {len(grounds)} groundings")
+        for c, g in zip(caps, grounds):
+            rows = np.asarray(g, dtype=np.float32).reshape(-1, 3)
+            if len(rows) and not (rows[:, 0] >= 0).all():
+                raise ValueError(f"{path}: entry {n} grounds a negative word index")
+            out[(image_id_of(e), c)] = rows
+    if not out:
+        raise ValueError(f"{path}: no entry carries 'grounding' (word index, centre x, centre y per grounded word)")
+    return out
+
+
 def load_images(paths: Sequence[Path], size: int | None = None) -> np.ndarray:
     """Decode image files to uint8 [N, H, W, 3] (RGB), resized to `size` x `size` when given."""
     out = []

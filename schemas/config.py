@@ -78,10 +78,31 @@ class JointEncoderConfig:
     # the caption alone; the image enters only as ONE vector, the mean of the adapter's output tokens, fused
     # with the text [CLS] by an MLP over [t, v, t*v, |t-v|]; MLM reads that vector at the LM head only.
     itm_input: Literal["tokens", "global"] = "tokens"
+    # Where image tokens sit in BERT's position table. "after_text": right after the caption, so a token's
+    # position id depends on the caption's length; "fixed": image token i always has position
+    # max_text_tokens + 2 + i, so a local adapter's cell keeps one position whatever the caption.
+    image_positions: Literal["after_text", "fixed"] = "after_text"
+    # Relations ("A left of B"): role embeddings (relation / subject / object, from a parse of the caption's
+    # spatial prepositions, model/relation_roles.py) added to caption words, starting at 0.
+    relation_roles: bool = False
+    # After this many BERT layers (0: off), each relation word receives P(mean of its subject's states minus
+    # mean of its object's states), P starting at 0: a path from the nouns to the word that compares them.
+    route_layer: int = 0
+    # Training only (0: off): after this many layers, a head regresses each grounded word's object centre
+    # (boxes in the annotations), so nouns carry where their object is before the route reads them.
+    ground_layer: int = 0
 
     def __post_init__(self) -> None:
         if self.itm_input not in ("tokens", "global"):
             raise ValueError(f"itm_input must be 'tokens' or 'global', got {self.itm_input!r}")
+        if self.image_positions not in ("after_text", "fixed"):
+            raise ValueError(f"image_positions must be 'after_text' or 'fixed', got {self.image_positions!r}")
+        if self.route_layer < 0 or self.ground_layer < 0:
+            raise ValueError("route_layer and ground_layer count BERT layers (0: off)")
+        if self.route_layer and not self.relation_roles:
+            raise ValueError("route_layer needs relation_roles (the route reads the parse's roles)")
+        if (self.relation_roles or self.route_layer or self.ground_layer) and self.itm_input == "global":
+            raise ValueError("relation roles, the route and grounding need image tokens in BERT (itm_input='tokens')")
         if self.language_model is None and self.bert_config is None:
             raise ValueError("JointEncoderConfig needs language_model or bert_config")
         if self.tokenizer is None and self.language_model is None:

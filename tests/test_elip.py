@@ -113,7 +113,8 @@ def trained(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("elip_run")
     cfg = ELIPTrainConfig(train_annotations=str(world.annotations["train"]), val_annotations=str(world.annotations["val"]),
                           output=str(out), elip=TINY, train_images=16, batch_size=4, cluster_size=4, steps=4,
-                          lr=3e-3, warmup_steps=1, eval_every=2, val_queries=8, k=4, seed=0)
+                          lr=3e-3, warmup_steps=1, eval_every=2, val_queries=8, k=4, seed=0,
+                          logit_scale=10.0, learn_scale=True)
     torch.manual_seed(1)
     model = ELIPReranker(TINY, VisionBackbone.create(TINY.backbone_config()))
     return out, model, train_elip(cfg, log=lambda _: None, model=model)
@@ -122,6 +123,8 @@ def trained(world, tmp_path_factory):
 def test_training_run_keeps_the_best_val_step(trained):
     out, model, record = trained
     assert [row["step"] for row in record["history"]] == [0, 2, 4]
+    scales = [row["logit_scale"] for row in record["history"][1:]]
+    assert all(s != 10.0 for s in scales) and scales[0] != scales[1]  # the temperature is learned
     best = max(record["history"], key=lambda r: (r["val_t2i"]["r1"], -r["step"]))
     assert record["kept_step"] == best["step"]
     saved = json.loads((out / "elip.json").read_text())

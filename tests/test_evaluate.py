@@ -11,7 +11,7 @@ from conftest import int8_half_step
 from PIL import Image
 from safetensors.torch import save_file
 
-from evaluation.recall import rerank, within_group_accuracy, within_group_pairs_by_kind
+from evaluation.recall import rerank, within_group_accuracy
 from model.backbone import VisionBackbone
 from model.edje import EDJEModel, save_checkpoint
 from model.recall import embedding_recall, recall, top_rankings
@@ -40,22 +40,6 @@ def test_within_family_accuracy_by_hand():
     answers = [np.array([1]), np.array([3]), np.array([4]), np.array([5])]
     assert within_group_accuracy(rankings, answers, group, k=3) == {"accuracy": 50.0, "queries": 2}
     assert within_group_accuracy(rankings, answers, group, k=1) == {"accuracy": None, "queries": 0}
-
-
-def test_within_family_pairs_by_twin_kind_by_hand():
-    # Family 0: 0 base, 1 colour swap, 2 shape swap, 3 relation swap; family 1: 4 base, 5 size swap.
-    group = np.array([0, 0, 0, 0, 1, 1])
-    kinds = [frozenset(), frozenset({"colour"}), frozenset({"shape"}), frozenset({"relation"}),
-             frozenset(), frozenset({"size"})]
-    rankings = np.array([[0, 1, 2, 3], [2, 0, 1, 4], [5, 4, 0, 1]])
-    answers = [np.array([0]), np.array([1]), np.array([4])]
-    # Query 0 (answer: base 0) beats its colour, shape and relation twins. Query 1 (answer: 1, the colour
-    # swap) loses to 2 (colour + shape: two swaps) and to 0 (colour); 4 is another family. Query 2
-    # (answer: 4) loses to its size twin 5.
-    assert within_group_pairs_by_kind(rankings, answers, group, kinds, k=4) == {
-        "colour": {"accuracy": 50.0, "pairs": 2}, "shape": {"accuracy": 100.0, "pairs": 1},
-        "relation": {"accuracy": 100.0, "pairs": 1}, "size": {"accuracy": 0.0, "pairs": 1},
-        "two swaps": {"accuracy": 0.0, "pairs": 1}}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The parse of spatial prepositions gives each relation word its subject and object, on every caption template."""
-from research.relation_roles import NUM_ROLES, OBJECT, RELATION, SUBJECT, role_matrix, word_roles
+from model.relation_roles import NUM_ROLES, OBJECT, RELATION, SUBJECT, role_matrix, word_roles
 
 
 def roles_by_word(caption):

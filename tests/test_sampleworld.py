@@ -73,7 +73,7 @@ def test_counts_and_splits(world, world_json) -> None:
     assert ids == [f"sw_{i:06d}" for i in range(len(ids))]
     assert world_json["counts"]["images"] == {"train": 48, "val": 16, "test": 32}
     # a world without held-out combinations writes the config it always wrote
-    assert world_json["config"] == {k: v for k, v in SMALL.__dict__.items() if not k.startswith("held_out")}
+    assert world_json["config"] == {k: v for k, v in SMALL.__dict__.items() if not k.startswith("held_out") and k != "same_side_rate"}
     fam_splits = collections.defaultdict(set)
     fam_sizes = collections.Counter()
     for r in world_json["images"]:
@@ -97,8 +97,8 @@ def test_annotation_format(world) -> None:
     train = json.loads((world.root / "flickr30k_train.json").read_text())
     assert len(train) == 48 * 5
     for e in train:
-        assert set(e) == {"image", "caption", "image_id"}
-        assert isinstance(e["caption"], str)
+        assert set(e) == {"image", "caption", "image_id", "grounding"}  # grounding: phrase words and centres
+        assert isinstance(e["caption"], str) and all(len(g) == 3 for g in e["grounding"])
         assert e["image"] == f"images/{e['image_id']}.jpg"
         assert (world.root / e["image"]).is_file()
         assert e["caption"] in by_id[e["image_id"]].captions
@@ -106,8 +106,8 @@ def test_annotation_format(world) -> None:
         ann = json.loads((world.root / f"flickr30k_{split}.json").read_text())
         assert len(ann) == n
         for e in ann:
-            assert set(e) == {"image", "caption", "image_id"}
-            assert isinstance(e["caption"], list) and len(e["caption"]) == 5
+            assert set(e) == {"image", "caption", "image_id", "grounding"}
+            assert isinstance(e["caption"], list) and len(e["caption"]) == 5 == len(e["grounding"])
             assert len(set(e["caption"])) == 5
             assert by_id[e["image_id"]].split == split
             assert e["image"] == f"images/{e['image_id']}.jpg"

@@ -191,6 +191,26 @@ def test_pretrain_with_the_binding_levers(pipeline_tables, tmp_path, ray_local):
     assert model.encoder.word_context is not None and model.config.adapter.position == "2d"
 
 
+def test_relation_parts_are_added_to_an_init_checkpoint_and_grounding_trains(local_run, pipeline_tables, tmp_path, ray_local):
+    """--relation-roles / --route-layer / --ground-layer / --image-positions grow a trained checkpoint (its weights
+    kept, the new parts from 0) and the ground objective reads the world's grounding annotations."""
+    from model.edje import load_checkpoint
+    init, _ = local_run
+    world = pipeline_tables.parent.parent / "world"
+    grounding = [str(world / f"flickr30k_{s}.json") for s in ("train", "val", "test")]
+    export, rows = _train("pretrain.py", pipeline_tables, tmp_path, "rel", ray_local.get_runtime_context().gcs_address,
+                          "--init", str(init), "--objectives", "itm", "mlm", "ground", "--grounding", *grounding,
+                          "--relation-roles", "--route-layer", "1", "--ground-layer", "1", "--image-positions", "fixed",
+                          "--mlm-masking", "groups", "--seed", "1")
+    # Grounded words were found in the batches (a run that matched none would log a loss of exactly 0).
+    assert all(math.isfinite(r["loss_ground"]) and r["loss_ground"] > 0 for r in rows), rows
+    start, grown = load_checkpoint(str(init)), load_checkpoint(str(export))
+    enc = grown.config.encoder
+    assert (enc.relation_roles, enc.route_layer, enc.ground_layer, enc.image_positions) == (True, 1, 1, "fixed")
+    assert _max_abs_diff(start.encoder.bert, grown.encoder.bert) < 5e-3  # two steps from the init, not a fresh model
+    assert float(grown.encoder.route.weight.abs().max()) > 0  # the route moved off 0
+
+
 def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipeline_tables, tmp_path, ray_local):
     """--max-failures: the same run survives its worker process dying (a node lost, the OOM killer)."""
     storage = tmp_path / "runs"

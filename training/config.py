@@ -6,7 +6,8 @@ from typing import List, Literal, Optional, Tuple
 
 from training.sampler import CurriculumConfig
 
-Objective = Literal["itm", "mlm", "recovery", "distill"]
+Objective = Literal["itm", "mlm", "recovery", "distill", "ground"]
+OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -29,6 +30,12 @@ class ModelSpec:
     max_text_tokens: int = 64
     word_context: int = 0  # JointEncoderConfig.word_context: neighbouring caption words folded into each word's input
     itm_input: Literal["tokens", "global"] = "tokens"  # JointEncoderConfig.itm_input: "global" = one pooled image vector
+    # Relations (JointEncoderConfig's fields of the same names). Unlike the fields above they also apply
+    # to a run that starts from a checkpoint: its weights are kept and the new parts start at 0.
+    image_positions: Literal["after_text", "fixed"] = "after_text"
+    relation_roles: bool = False
+    route_layer: int = 0
+    ground_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,9 @@ class TrainJobConfig:
     init_checkpoint: Optional[str] = None  # start from this EDJE checkpoint (fine-tuning)
     init_encoder_from: Optional[str] = None  # copy only the joint encoder from this checkpoint (distillation)
     teacher_checkpoint: Optional[str] = None  # frozen teacher (distillation)
+    # Annotation files whose entries carry `grounding` (word index, object centre per grounded word), read by
+    # the ground objective; rows are matched by (image id, caption).
+    grounding: Tuple[str, ...] = ()
     objectives: Tuple[str, ...] = PRETRAIN_OBJECTIVES
     # MLM starts near ln(30k) = 10 nats from a random head; at weight 1 it dominates the clipped
     # gradient and Adam's moments on the shared encoder, so it weighs less than ITM.
@@ -80,9 +90,11 @@ class TrainJobConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = set(self.objectives) - {"itm", "mlm", "recovery", "distill"}
+        unknown = set(self.objectives) - set(OBJECTIVES)
         if unknown:
-            raise ValueError(f"unknown objectives {sorted(unknown)}; choose from itm, mlm, recovery, distill")
+            raise ValueError(f"unknown objectives {sorted(unknown)}; choose from {', '.join(OBJECTIVES)}")
+        if "ground" in self.objectives and not (self.grounding and self.model.ground_layer):
+            raise ValueError("the ground objective needs a grounding annotation file and model.ground_layer > 0")
         if "distill" in self.objectives and not self.teacher_checkpoint:
             raise ValueError("the distill objective needs teacher_checkpoint")
         if self.negatives == "miner" and not self.miner_url:

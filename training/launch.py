@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import fsspec
 
 from schemas.token_table import TableMetadata, expand_paths, read_metadata
-from training.config import ModelSpec, TrainJobConfig
+from training.config import OBJECTIVES, ModelSpec, TrainJobConfig
 from training.sampler import CurriculumConfig
 
 
@@ -172,7 +172,7 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     p.add_argument("--cluster-start", type=int, default=c.start, help="step at which clusters start")
     p.add_argument("--cluster-end", type=int, default=c.end, help="step at which the cluster share is full")
     p.add_argument("--cluster-size", type=int, default=c.cluster_size, help="images per neighbour cluster")
-    p.add_argument("--objectives", nargs="+", default=list(objectives), choices=["itm", "mlm", "recovery", "distill"])
+    p.add_argument("--objectives", nargs="+", default=list(objectives), choices=list(OBJECTIVES))
     p.add_argument("--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), default=[],
                    help="weight of one objective (default 1.0)")
     p.add_argument("--mlm-masking", choices=["random", "groups"], default=d.mlm_masking,
@@ -193,7 +193,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     m.add_argument("--adapter-hidden", type=int, default=s.adapter_hidden)
     m.add_argument("--adapter-heads", type=int, default=s.adapter_heads)
     m.add_argument("--adapter-position", choices=["none", "2d"], default=s.adapter_position,
-                   help="2d: add a fixed sine-cosine (row, column) embedding to the backbone's square token grid")
+                   help="2d: add a fixed sine-cosine (row, column) embedding to the backbone's square token grid "
+                   "(also added to an --init checkpoint's adapter)")
     m.add_argument("--language-model", help="local BERT folder (default: the packaged all-MiniLM-L6-v2)")
     m.add_argument("--encoder-layers", type=int, help="keep only the first N language-model layers")
     m.add_argument("--max-text-tokens", type=int, default=s.max_text_tokens)
@@ -206,6 +207,18 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     m.add_argument("--random-bert", nargs="+", metavar="FIELD=INT",
                    help="random-init BERT of this shape (e.g. hidden_size=128 num_hidden_layers=4 "
                    "num_attention_heads=4 intermediate_size=512) with the language model's tokenizer")
+    r = p.add_argument_group("relations (also applied to --init: its weights kept, the new parts starting at 0)")
+    r.add_argument("--image-positions", choices=["after_text", "fixed"], default=s.image_positions,
+                   help="fixed: image token i keeps one BERT position whatever the caption's length")
+    r.add_argument("--relation-roles", action="store_true",
+                   help="relation / subject / object role embeddings from a parse of spatial prepositions")
+    r.add_argument("--route-layer", type=int, default=s.route_layer,
+                   help="after this many layers, each relation word receives P(subject - object) (0: off)")
+    r.add_argument("--ground-layer", type=int, default=s.ground_layer,
+                   help="after this many layers, a head regresses grounded words' object centres (0: off; "
+                   "the ground objective and --grounding train it)")
+    r.add_argument("--grounding", nargs="+", default=[],
+                   help="annotation files whose entries carry `grounding` (the ground objective)")
     p.add_argument("--init", help="start from this EDJE checkpoint")
     p.add_argument("--init-encoder-from", help="copy only the joint encoder from this EDJE checkpoint")
     p.add_argument("--teacher", help="frozen teacher EDJE checkpoint (distill objective)")
@@ -218,12 +231,15 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
     spec = ModelSpec(adapter=a.adapter, num_queries=a.num_queries, adapter_hidden=a.adapter_hidden,
                      adapter_heads=a.adapter_heads, adapter_position=a.adapter_position, language_model=a.language_model,
                      encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens, word_context=a.word_context,
-                     itm_input=a.itm_input, bert_config=_bert_fields(a.random_bert))
+                     itm_input=a.itm_input, bert_config=_bert_fields(a.random_bert),
+                     image_positions=a.image_positions, relation_roles=a.relation_roles, route_layer=a.route_layer,
+                     ground_layer=a.ground_layer)
     weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
     weights.update({k: float(v) for k, v in a.loss_weight})
     return TrainJobConfig(
         tables=list(a.tables), storage_path=a.storage_path, name=a.name, model=spec, init_checkpoint=_absolute(a.init),
-        init_encoder_from=_absolute(a.init_encoder_from), teacher_checkpoint=_absolute(a.teacher), objectives=tuple(a.objectives),
+        init_encoder_from=_absolute(a.init_encoder_from), teacher_checkpoint=_absolute(a.teacher),
+        grounding=tuple(_absolute(g) for g in a.grounding), objectives=tuple(a.objectives),
         loss_weights=tuple(sorted(weights.items())), num_workers=a.num_workers, use_gpu=a.use_gpu,
         cpus_per_worker=a.cpus_per_worker, batch_size=a.batch_size, epochs=a.epochs, max_steps=a.max_steps,
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, min_lr_ratio=a.min_lr_ratio, k=a.k,

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from model.edje import EDJEModel, load_checkpoint, save_checkpoint
+from schemas.annotations import load_grounding
 from schemas.token_table import TableMetadata, vector_matrix
 from training.batches import TrainBatch, decode_batch, gather_batch
 from training.config import TrainJobConfig
@@ -200,7 +201,8 @@ def train_loop_per_worker(config: dict) -> None:
     if cfg.mlm_masking == "groups":
         groups = PieceGroups(WordGroups.load(cfg.mlm_groups) if cfg.mlm_groups else WordGroups.sample_world(),
                              model.encoder.tokenizer)
-    objectives = EDJEObjectives(model, cfg.objectives, weights, groups)
+    grounding = {k: v for path in cfg.grounding for k, v in load_grounding(path).items()} if "ground" in cfg.objectives else None
+    objectives = EDJEObjectives(model, cfg.objectives, weights, groups, grounding)
     # Heads that an objective set leaves unused (MLM, recovery when fine-tuning) get no gradient.
     wrapped = ray.train.torch.prepare_model(objectives, parallel_strategy_kwargs={"find_unused_parameters": True})
     optimizer = build_optimizer(objectives, cfg)

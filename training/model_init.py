@@ -5,8 +5,10 @@ import os
 from dataclasses import replace
 from typing import Optional
 
+import torch
 from transformers import BertConfig, BertForMaskedLM
 
+from model.adapters import grid_position
 from model.edje import EDJEModel, load_checkpoint, load_state
 from model.joint_encoder import extend_position_embeddings
 from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
@@ -41,7 +43,7 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
                               position=spec.adapter_position),
         encoder=JointEncoderConfig(tokenizer=lm, bert_config=_plain(bert.to_dict()), max_text_tokens=spec.max_text_tokens,
                                    num_image_tokens=m, text_embed_dim=meta.embed_dim, word_context=spec.word_context,
-                                   itm_input=spec.itm_input),
+                                   itm_input=spec.itm_input, **relation_fields(spec)),
     )
 
 
@@ -49,7 +51,7 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
                 init_encoder_from: Optional[str] = None) -> EDJEModel:
     """A checkpoint's model, or a fresh one whose BERT starts from the language model's weights."""
     if init_checkpoint:
-        model = load_checkpoint(init_checkpoint)
+        model = with_relations(load_checkpoint(init_checkpoint), spec)
         check_backbone(model.config, meta, init_checkpoint)
         return model.train()
     cfg = edje_config(spec, meta)
@@ -66,9 +68,9 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
                       encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
                                       bert_config=enc.bert_config or cfg.encoder.bert_config,
                                       max_text_tokens=enc.max_text_tokens, itm_input=enc.itm_input,
-                                      word_context=enc.word_context))
+                                      word_context=enc.word_context, **relation_fields(spec)))
         model = EDJEModel(cfg, load_language_model=False)
-        load_state(model.encoder, source.encoder.state_dict(), init_encoder_from)
+        load_state(model.encoder, _with_new_parts(model.encoder, source.encoder.state_dict()), init_encoder_from)
     elif spec.bert_config is not None:
         model = EDJEModel(cfg, load_language_model=False)  # random init by request
     else:
@@ -81,6 +83,61 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
         if missing or unexpected:
             raise RuntimeError(f"language model weights do not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.train()
+
+
+RELATION_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_layer")
+
+
+def relation_fields(spec: ModelSpec) -> dict:
+    """The spec's relation options, as JointEncoderConfig fields."""
+    return {f: getattr(spec, f) for f in RELATION_FIELDS}
+
+
+def with_relations(model: EDJEModel, spec: ModelSpec) -> EDJEModel:
+    """`model` with the relation options the spec turns on that it lacks (and 2-D positions on its adapter's
+    input): its weights kept, each new part at 0 (the position table at its usual gain of 1, about a tenth of a
+    ViT token's norm: at 0 a scalar gain would take thousands of steps to matter). Options the spec leaves at
+    their defaults keep the checkpoint's."""
+    default = ModelSpec()
+    asked = {f: getattr(spec, f) for f in RELATION_FIELDS if getattr(spec, f) != getattr(default, f)}
+    position = spec.adapter_position if spec.adapter_position != default.adapter_position else model.config.adapter.position
+    if all(getattr(model.config.encoder, f) == v for f, v in asked.items()) and position == model.config.adapter.position:
+        return model
+    cfg = replace(model.config, encoder=replace(model.config.encoder, **asked),
+                  adapter=replace(model.config.adapter, position=position))
+    grown = EDJEModel(cfg, load_language_model=False)
+    load_state(grown, _with_new_parts(grown, model.state_dict()), "the --init checkpoint with relation parts")
+    if asked.get("image_positions") == "fixed" and model.config.encoder.image_positions != "fixed":
+        seed_image_positions(grown)
+    return grown
+
+
+# Norm of the 2-D table written into fixed image positions: about a word embedding's (2.2 in the shipped
+# encoders), so a cell's row and column weigh in from the first step.
+IMAGE_POSITION_NORM = 2.0
+
+
+def seed_image_positions(model: EDJEModel) -> None:
+    """Add a 2-D sine-cosine table (row and column of each cell) to the BERT position rows that fixed image
+    positions use, when the adapter keeps a square grid of tokens. Those rows were trained, if at all, for
+    caption words; as learned from there, the cell signal was about 6 % of a token's norm and grounding did
+    not start within 500 steps (BENCHMARKS.md, "Relations on the backbone's tokens")."""
+    enc = model.encoder
+    m, hidden = enc.config.num_image_tokens, enc.hidden_size
+    if model.config.adapter.kind != "local" or int(round(m ** 0.5)) ** 2 != m or hidden % 4:
+        return
+    start = enc.config.max_text_tokens + 2
+    table = enc.bert.bert.embeddings.position_embeddings.weight
+    with torch.no_grad():
+        table[start:start + m] += IMAGE_POSITION_NORM * grid_position(m, hidden).to(table.dtype)
+
+
+def _with_new_parts(module, state: dict) -> dict:
+    """`state` completed with the module's own (zero or fresh) weights of parts the state lacks: the relation
+    modules and adapter position a warm start adds, so a strict load still names every other missing key."""
+    new = ("role_embedding.", "route.", "ground_head.", "position.gain")
+    own = module.state_dict()
+    return {**{k: v for k, v in own.items() if k not in state and any(p in k for p in new)}, **state}
 
 
 def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str, same_weights: bool = True) -> None:

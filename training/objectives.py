@@ -1,15 +1,18 @@
 """EDJE training objectives in one module forward (so DDP sees one forward per step).
 
 ITM over the positive and k hard negatives in both directions, MLM on the positive pairs,
-text-embedding recovery from the text-only [CLS], and distillation of a teacher's ITM logits
-on exactly the pairs the student scores.
+text-embedding recovery from the text-only [CLS], distillation of a teacher's ITM logits
+on exactly the pairs the student scores, and grounding: each grounded caption word of a positive
+pair regresses its object's centre from a middle layer (read from the same forward as ITM).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from model.edje import EDJEModel
 from training.batches import TrainBatch
@@ -29,13 +32,17 @@ class EDJEObjectives(nn.Module):
     """Wraps EDJEModel; forward(batch, negatives, teacher_logits) -> dict of losses and ITM accuracy."""
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
-                 word_groups: Optional[PieceGroups] = None):
+                 word_groups: Optional[PieceGroups] = None, grounding: Optional[Mapping] = None):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
         self.weights = weights
         # Binding-targeted MLM (training/masking.py): mask one attribute group per caption.
         self.word_groups = word_groups
+        if "ground" in self.objectives and grounding is None:
+            raise ValueError("the ground objective needs grounding annotations")
+        self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
+        self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
     def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
         texts, b, k = pair_layout(batch, neg)
@@ -46,11 +53,21 @@ class EDJEObjectives(nn.Module):
         total = pos.new_zeros(())
         # Pairs are scored only when a loss reads the scores: an MLM-only phase (the curriculum's
         # first) would otherwise pay 1 + 2k forwards per row for a logged accuracy.
+        centres = None
         if "itm" in self.objectives or "distill" in self.objectives:
             negi = adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
-            logits = encoder.score(texts, torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)]))
+            pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
+            if "ground" in self.objectives:  # the positives lead the pairs: their states come from this forward
+                logits, centres = encoder.score_and_ground(texts, pairs)
+            else:
+                logits = encoder.score(texts, pairs)
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
+        if "ground" in self.objectives:
+            if centres is None:
+                centres = encoder.score_and_ground(list(batch.captions), pos)[1]
+            out["loss_ground"] = self._ground_loss(batch, centres[:b])
+            total = total + self.weights.get("ground", 1.0) * out["loss_ground"]
         if "itm" in self.objectives:
             out["loss_itm"] = itm_loss(pos_l, negi_l, negt_l)
             total = total + self.weights.get("itm", 1.0) * out["loss_itm"]
@@ -72,6 +89,32 @@ class EDJEObjectives(nn.Module):
             total = total + self.weights.get("distill", 1.0) * out["loss_distill"]
         out["loss"] = total
         return out
+
+    def _ground_loss(self, batch: TrainBatch, centres: torch.Tensor) -> torch.Tensor:
+        """Mean squared error (x10, centred coordinates) of grounded words' predicted object centres; 0 without any."""
+        rows, cols, targets = [], [], []
+        for i, key in enumerate(zip(batch.image_ids, batch.captions)):
+            positions, xy = self._grounded_positions(key)
+            rows.extend([i] * len(positions))
+            cols.extend(positions)
+            targets.append(xy)
+        if not rows:
+            return centres.sum() * 0
+        target = torch.from_numpy(np.concatenate(targets)).to(centres.device, centres.dtype) - 0.5
+        return F.mse_loss(centres[torch.tensor(rows), torch.tensor(cols)], target) * 10
+
+    def _grounded_positions(self, key: Tuple[str, str]) -> Tuple[list, np.ndarray]:
+        """Sequence positions of a caption's grounded words (first wordpiece each) and their object centres."""
+        if key not in self._positions:
+            rows = self.grounding.get(key)
+            if rows is None or not len(rows):
+                self._positions[key] = [], np.zeros((0, 2), np.float32)
+            else:
+                starts = self.model.encoder.word_positions(key[1])
+                words = rows[:, 0].astype(int)
+                keep = words < len(starts)
+                self._positions[key] = [starts[w] for w in words[keep]], rows[keep, 1:]
+        return self._positions[key]
 
 
 @torch.no_grad()

@@ -4,40 +4,24 @@ Works on the caption text alone (no scene graph), so the same parse applies to r
 run of attribute and shape words, a relation is a spatial head word ("left", "above", ...), its subject is the noun
 phrase before it and its object the one after it; pronoun forms ("to its left", "above it") take the caption's
 first noun phrase as their object, as a reader would resolve "it"; an absolute form ("on the left") describes
-the noun phrase before it, relative to the first one after "between".
+the noun phrase before it, relative to the first one after "between". Noun-phrase words are the sample world's
+vocabulary (attribute and shape words); on open-vocabulary captions a part-of-speech tagger would supply them.
 """
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import numpy as np
 
-from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
+from sampleworld.grounding import bare as _bare
+from sampleworld.grounding import noun_phrases as _noun_phrases
 
 MAX_RELATIONS = 2
 NUM_ROLES = 3 * MAX_RELATIONS  # (relation, subject, object) for each relation of a caption
 RELATION, SUBJECT, OBJECT = 0, 1, 2
 
-_NOUN_WORDS = {p for table in (SIZE_WORDS, COLOUR_WORDS, SHAPE_WORDS) for words in table.values() for w in words for p in w.split()}
 _HEADS = {"left", "right", "above", "over", "below", "beneath", "under", "top", "bottom"}
 _ALWAYS_PREPOSITION = {"above", "over", "below", "beneath", "under"}
-
-
-def _bare(word: str) -> str:
-    return re.sub(r"[^a-z]", "", word.lower())
-
-
-def _noun_phrases(words: list[str]) -> list[tuple[int, int]]:
-    """[start, end) word spans of maximal runs of noun-phrase words."""
-    spans, start = [], None
-    for i, w in enumerate(words + [""]):
-        if _bare(w) in _NOUN_WORDS:
-            start = i if start is None else start
-        elif start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
 
 
 def word_roles(caption: str) -> list[set[int]]:
@@ -77,6 +61,15 @@ def word_roles(caption: str) -> list[set[int]]:
                     roles[q].add(3 * k + role)
         k += 1
     return roles
+
+
+def word_starts(caption: str, pieces_of: Callable[[str], int]) -> list[int]:
+    """Index of each whitespace word's first wordpiece among the caption's wordpieces."""
+    starts, at = [], 0
+    for word in caption.split():
+        starts.append(at)
+        at += pieces_of(word)
+    return starts
 
 
 def role_matrix(caption: str, pieces_of: Callable[[str], int]) -> np.ndarray:
