@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_BERT
+
 from evaluation.scene_pairs import bootstrap_ci, pairs_by_scene, scene_difference
 from sampleworld.grounding import NOUN_WORDS, bare, caption_grounding
 from sampleworld.scene import Scene, SceneObject
