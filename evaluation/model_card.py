@@ -20,10 +20,15 @@ from schemas.codecs import bytes_per_image
 
 CARD = "README.md"
 KINDS = ("colour", "shape", "size", "relation")
-LIMITS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: the joint encoder does not "
-          "route the relation word to its subject's cells (perfect scene tokens give the same).",
-          "Trained on the project's sample world only (small shapes on plain backgrounds, template captions); "
-          "real photographs and free-form captions need a checkpoint trained on real pairs.")
+NO_RELATIONS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: this checkpoint has no "
+                "relation parts (role embeddings, the subject-minus-object route, grounding), and its training had no "
+                "signal that needs position.")
+RELATION_LIMITS = ("Relations: the role parse (`model/relation_roles.py`) knows the sample world's noun vocabulary and "
+                   "spatial words; open-vocabulary captions need a part-of-speech tagger for the noun phrases, and "
+                   "grounding was trained from the sample world's phrase boxes (what Flickr30k Entities or Visual "
+                   "Genome give on real data).",)
+LIMITS = ("Trained on the project's sample world only (small shapes on plain backgrounds, template captions); "
+          "real photographs and free-form captions need a checkpoint trained on real pairs.",)
 
 
 def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: str) -> None:
@@ -37,6 +42,9 @@ def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: s
             row[d]["within_family"] = fam["reranked"]["accuracy"]
             row[d]["within_family_first_stage"] = fam["first_stage"]["accuracy"]
             row[d]["by_kind"] = {k: v["accuracy"] for k, v in fam.get("by_kind", {}).get("reranked", {}).items()}
+            side = fam.get("relation_subsets", {}).get("reranked", {}).get("side: same side")
+            if side:
+                row[d]["relation_same_side"] = side["accuracy"]
     path = Path(checkpoint) / "config.json"
     meta = json.loads(path.read_text())
     meta["evaluations"] = [e for e in meta.get("evaluations", []) if e["label"] != label] + [row]
@@ -62,6 +70,10 @@ def render(checkpoint: str) -> str:
              f"- Joint encoder: BERT, {bert['num_hidden_layers']} layers x {width} wide, {bert['num_attention_heads']} "
              f"heads; captions up to {enc['max_text_tokens']} wordpieces; input length {enc['max_text_tokens'] + 3 + m} "
              f"at most; word context {enc.get('word_context', 0)}.",
+             (f"- Relations: role embeddings from a parse of spatial prepositions, the subject-minus-object route after "
+              f"layer {enc['route_layer']}, grounding trained after layer {enc.get('ground_layer', 0)}, image positions "
+              f"{enc.get('image_positions', 'after_text')}." if enc.get("route_layer") else
+              "- Relations: none (no role embeddings, route or grounding)."),
              f"- Backbone (frozen; its tokens are what the adapter reads): `{b['name']}`, weights `{b['pretrained']}` "
              f"(sha256 {str(b.get('weights_sha256') or 'not recorded')[:16]}...), feature layer `{b['feature_layer']}`.",
              "", "## How it was trained", ""]
@@ -80,18 +92,19 @@ def render(checkpoint: str) -> str:
     lines += ["## Figures on world seeds no run used", ""]
     if evals:
         lines += ["| evaluation | T2I R@1 first stage -> reranked | I2T R@1 | within-family T2I (first stage -> reranked) | "
-                  "T2I twins: " + " / ".join(KINDS) + " |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "T2I twins: " + " / ".join(KINDS) + " | relation twins, same side |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for e in evals:
             t, i = e["t2i"], e["i2t"]
             kinds = " / ".join(_fmt(t.get("by_kind", {}).get(k)) for k in KINDS)
             lines.append(f"| {e['label']} | {t['first_stage_r1']} -> **{t['reranked_r1']}** | {i['first_stage_r1']} -> "
                          f"{i['reranked_r1']} | {_fmt(t.get('within_family_first_stage'))} -> "
-                         f"**{_fmt(t.get('within_family'))}** | {kinds} |")
+                         f"**{_fmt(t.get('within_family'))}** | {kinds} | {_fmt(t.get('relation_same_side'))} |")
         lines += [""] + [f"- {e['label']}: `{e['command']}`" for e in evals]
     else:
         lines.append("None recorded.")
-    lines += ["", "## Known limits", ""] + [f"- {x}" for x in LIMITS] + [""]
+    limits = (RELATION_LIMITS if enc.get("route_layer") else (NO_RELATIONS,)) + LIMITS
+    lines += ["", "## Known limits", ""] + [f"- {x}" for x in limits] + [""]
     return "\n".join(lines)
 
 

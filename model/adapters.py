@@ -29,10 +29,10 @@ class GridPosition(nn.Module):
     by backbone (unit-norm scene tokens, ViT outputs of norm ~sqrt(width)). The table is rebuilt for
     the token count seen, not stored."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, gain: float = 1.0):
         super().__init__()
         self.width = width
-        self.gain = nn.Parameter(torch.tensor(1.0))
+        self.gain = nn.Parameter(torch.tensor(float(gain)))
         self.table: torch.Tensor | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -49,7 +49,7 @@ class LocalAdapter(nn.Module):
         super().__init__()
         self.config = cfg
         self.mlp = nn.Sequential(nn.Linear(cfg.input_dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.output_dim))
-        self.position = GridPosition(cfg.input_dim) if cfg.position == "2d" else None
+        self.position = GridPosition(cfg.input_dim, cfg.position_gain) if cfg.position == "2d" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = check_tokens(tokens, self.config.input_dim)
@@ -71,7 +71,7 @@ class CompressionAdapter(nn.Module):
         self.layernorm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.mlp = nn.Sequential(nn.Linear(d, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, d))
         self.projection = nn.Linear(d, cfg.output_dim)
-        self.position = GridPosition(d) if cfg.position == "2d" else None
+        self.position = GridPosition(d, cfg.position_gain) if cfg.position == "2d" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = check_tokens(tokens, self.config.input_dim)

@@ -45,6 +45,9 @@ class AdapterConfig:
     # "2d": a fixed sine-cosine embedding of each token's (row, column) on the backbone's square grid
     # is added to the tokens first, so "left of" is a comparison the encoder can read linearly.
     position: Literal["none", "2d"] = "none"
+    # Initial gain of the 2-D table (unit norm per cell); backbone tokens are ~17 long, so at 1 the table is a
+    # whisper a fresh adapter takes long to hear. Learned from there; only the start is set here.
+    position_gain: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "compressed"):

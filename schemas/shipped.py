@@ -10,10 +10,11 @@ from typing import Dict, Optional
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BACKBONE = "edje-tiny-convvit"  # the project's small backbone (conv stem + ViT), trained on the sample world
-# The rerankers shipped for that backbone: the compressed default (16 stored tokens a image) and the local one it
-# was trained from (64 tokens), which stays selectable with --checkpoint.
-DEFAULT_RERANKER = "checkpoints/edje-c16-bind"
-LOCAL_RERANKER = "checkpoints/edje-local-bind"
+# The rerankers shipped for that backbone, both with the relation parts: the compressed default (16 stored tokens
+# a image) and the local one it was distilled from (64 tokens), which stays selectable with --checkpoint. The
+# earlier pair without relations (edje-c16-bind, edje-local-bind) stays for comparison and for tests.
+DEFAULT_RERANKER = "checkpoints/edje-c16-rel"
+LOCAL_RERANKER = "checkpoints/edje-local-rel"
 SHIPPED_BACKBONE_WEIGHTS: Dict[str, str] = {
     "edje-tiny-convvit": "checkpoints/edje-tiny-convvit-sw.safetensors",
     "edje-tiny-clip": "checkpoints/edje-tiny-clip-sw.safetensors",  # the previous default: no shape (BENCHMARKS.md)

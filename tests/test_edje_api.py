@@ -74,11 +74,14 @@ def test_rank_orders_by_the_rule_and_predict_agrees(reranker, tmp_path):
     rel = reranker.predict([(query, p) for p in paths], calibrated=True)
     by_id = {h["corpus_id"]: h["relevance"] for h in hits}
     np.testing.assert_allclose(rel, [by_id[i] for i in range(8)], atol=1e-9)
-    # caller-given first-stage scores replace the towers' cosines when the rule fuses
-    assert reranker.ranking.first_stage_weight > 0
-    given = reranker.rank(query, paths[:2], first_stage_scores=[1.0, 0.0])
-    logits = reranker.predict([(query, p) for p in paths[:2]])
-    w = reranker.ranking.first_stage_weight
+    # caller-given first-stage scores replace the towers' cosines when the rule fuses (the shipped default's
+    # rule is ITM alone, chosen on validation; the earlier local checkpoint fuses)
+    fusing = reranker if reranker.ranking.first_stage_weight > 0 else EDJEReranker.from_pretrained(
+        str(REPO / "checkpoints" / "edje-local-bind"))
+    assert fusing.ranking.first_stage_weight > 0
+    given = fusing.rank(query, paths[:2], first_stage_scores=[1.0, 0.0])
+    logits = fusing.predict([(query, p) for p in paths[:2]])
+    w = fusing.ranking.first_stage_weight
     np.testing.assert_allclose(sorted(h["score"] for h in given), sorted([logits[0] + w, logits[1]]), atol=1e-4)
 
 

@@ -236,3 +236,49 @@ def test_a_warm_start_grows_relation_parts_and_seeds_fixed_cell_positions(tiny_e
     assert float(added[:start].abs().max()) == 0 and float(added[start + m:].abs().max()) == 0
     assert float(grown.encoder.route.weight.abs().max()) == 0 and float(grown.encoder.role_embedding.weight.abs().max()) == 0
     torch.testing.assert_close(grown.adapter.mlp[0].weight, model.adapter.mlp[0].weight)
+
+
+def test_group_masking_weights_make_relation_words_the_masked_group(minilm_path):
+    from transformers import AutoTokenizer
+
+    from training.masking import PieceGroups, WordGroups
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    ids = torch.tensor([tok("a red circle to the left of a blue square")["input_ids"]] * 200)
+    text = torch.ones_like(ids, dtype=torch.bool)
+    text[:, 0] = text[:, -1] = False
+    gen = torch.Generator().manual_seed(0)
+    plain = PieceGroups(WordGroups.sample_world(), tok)
+    boosted = PieceGroups(WordGroups.sample_world(), tok, weights={"relation": 1000.0})
+    relation = plain.names.index("relation")
+    share = [float((p.group_mask(ids, text, gen)[1] == relation).float().mean()) for p in (plain, boosted)]
+    assert 0.1 < share[0] < 0.45 and share[1] > 0.95, share
+    with pytest.raises(ValueError, match="unknown groups"):
+        PieceGroups(WordGroups.sample_world(), tok, weights={"verbs": 2.0})
+
+
+def test_flip_relations_reverses_every_spatial_word_and_nothing_else():
+    from model.relation_roles import flip_relations
+    assert flip_relations("a red circle to the left of a blue square") == "a red circle to the right of a blue square"
+    assert flip_relations("Above it, a star; a disc is under the star") == "Below it, a star; a disc is over the star"
+    assert flip_relations("a star between a disc on the left and a cross on the right") == (
+        "a star between a disc on the right and a cross on the left")
+    assert flip_relations("a big red star") is None
+
+
+def test_flip_objective_scores_each_relational_positive_against_its_flipped_caption(encoders):
+    from training.batches import TrainBatch
+    from training.negatives import Negatives
+    from training.objectives import EDJEObjectives
+
+    class Model(torch.nn.Module):
+        def __init__(self, encoder):
+            super().__init__()
+            self.encoder, self.adapter = encoder, torch.nn.Identity()
+    _, grown = encoders
+    caps = ["a red circle to the left of a blue square", "a big star", "a disc above a cross"]
+    batch = TrainBatch(["a", "b", "c"], caps, torch.randn(3, 4, 64), torch.randn(3, 8), torch.randn(3, 8))
+    neg = Negatives(torch.randn(3, 1, 4, 64), [[caps[1]], [caps[2]], [caps[0]]])
+    out = EDJEObjectives(Model(grown), ("itm", "flip"), {})(batch, neg)
+    assert float(out["loss_flip"]) > 0 and 0 <= float(out["flip_acc"]) <= 1
+    with pytest.raises(ValueError, match="needs the itm objective"):
+        EDJEObjectives(Model(grown), ("mlm", "flip"), {})(batch, neg)

@@ -6,8 +6,8 @@ from typing import List, Literal, Optional, Tuple
 
 from training.sampler import CurriculumConfig
 
-Objective = Literal["itm", "mlm", "recovery", "distill", "ground"]
-OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground")
+Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip"]
+OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -22,6 +22,7 @@ class ModelSpec:
     adapter_hidden: int = 8192
     adapter_heads: int = 8
     adapter_position: Literal["none", "2d"] = "none"  # AdapterConfig.position
+    adapter_position_gain: float = 1.0  # AdapterConfig.position_gain: the 2-D table's initial gain
     language_model: Optional[str] = None  # BERT dir (weights + tokenizer); None = the packaged all-MiniLM-L6-v2
     encoder_layers: Optional[int] = None  # keep only the first N layers of the language model (CPU budgets)
     # Random-init BERT of this shape (BertConfig fields) with the language model's tokenizer, instead
@@ -71,6 +72,9 @@ class TrainJobConfig:
     # of one attribute group per caption (training/masking.py), so the image must supply the binding.
     mlm_masking: Literal["random", "groups"] = "random"
     mlm_groups: Optional[str] = None  # JSON {group: [words]}; None = the sample world's caption vocabulary
+    # Relative odds of each group being the one masked in a caption (groups not named: 1), e.g. relation 4:
+    # a relation word is one word in ten of a caption, and its read-out is what relations are learned from.
+    mlm_group_weights: Tuple[Tuple[str, float], ...] = ()
     mining: Literal["topk", "sample"] = "topk"
     mining_temperature: float = 0.05
     negatives: NegativeSource = "in-batch"
@@ -93,8 +97,11 @@ class TrainJobConfig:
         unknown = set(self.objectives) - set(OBJECTIVES)
         if unknown:
             raise ValueError(f"unknown objectives {sorted(unknown)}; choose from {', '.join(OBJECTIVES)}")
-        if "ground" in self.objectives and not (self.grounding and self.model.ground_layer):
-            raise ValueError("the ground objective needs a grounding annotation file and model.ground_layer > 0")
+        # The grounding head itself may come from an --init checkpoint: the model checks it is there.
+        if "flip" in self.objectives and "itm" not in self.objectives:
+            raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
+        if "ground" in self.objectives and not self.grounding:
+            raise ValueError("the ground objective needs grounding annotation files")
         if "distill" in self.objectives and not self.teacher_checkpoint:
             raise ValueError("the distill objective needs teacher_checkpoint")
         if self.negatives == "miner" and not self.miner_url:

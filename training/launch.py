@@ -180,6 +180,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
                    "(colour, shape, size or spatial words), so that only the image can supply the binding")
     p.add_argument("--mlm-groups", help="JSON file {group: [words]} for --mlm-masking groups "
                    "(default: the sample world's caption vocabulary)")
+    p.add_argument("--mlm-group-weight", nargs=2, action="append", metavar=("GROUP", "WEIGHT"), default=[],
+                   help="odds of GROUP being the one masked, relative to the others' 1 (--mlm-masking groups)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
@@ -195,6 +197,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     m.add_argument("--adapter-position", choices=["none", "2d"], default=s.adapter_position,
                    help="2d: add a fixed sine-cosine (row, column) embedding to the backbone's square token grid "
                    "(also added to an --init checkpoint's adapter)")
+    m.add_argument("--adapter-position-gain", type=float, default=s.adapter_position_gain,
+                   help="initial gain of the 2-D table (unit norm per cell; backbone tokens are ~17 long)")
     m.add_argument("--language-model", help="local BERT folder (default: the packaged all-MiniLM-L6-v2)")
     m.add_argument("--encoder-layers", type=int, help="keep only the first N language-model layers")
     m.add_argument("--max-text-tokens", type=int, default=s.max_text_tokens)
@@ -229,7 +233,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
 def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
     """TrainJobConfig from parsed arguments."""
     spec = ModelSpec(adapter=a.adapter, num_queries=a.num_queries, adapter_hidden=a.adapter_hidden,
-                     adapter_heads=a.adapter_heads, adapter_position=a.adapter_position, language_model=a.language_model,
+                     adapter_heads=a.adapter_heads, adapter_position=a.adapter_position,
+                     adapter_position_gain=a.adapter_position_gain, language_model=a.language_model,
                      encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens, word_context=a.word_context,
                      itm_input=a.itm_input, bert_config=_bert_fields(a.random_bert),
                      image_positions=a.image_positions, relation_roles=a.relation_roles, route_layer=a.route_layer,
@@ -245,6 +250,7 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, min_lr_ratio=a.min_lr_ratio, k=a.k,
         mining=a.mining, mining_temperature=a.mining_temperature, negatives=a.negatives, miner_url=a.miner_url,
         mlm_masking=a.mlm_masking, mlm_groups=a.mlm_groups,
+        mlm_group_weights=tuple((g, float(w)) for g, w in a.mlm_group_weight),
         batching=a.batching, shuffle_buffer=a.shuffle_buffer,
         curriculum=CurriculumConfig(a.cluster_fraction, a.cluster_start, a.cluster_end, a.cluster_size),
         checkpoint_every=a.checkpoint_every, log_every=a.log_every,

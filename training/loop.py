@@ -200,7 +200,7 @@ def train_loop_per_worker(config: dict) -> None:
     groups = None
     if cfg.mlm_masking == "groups":
         groups = PieceGroups(WordGroups.load(cfg.mlm_groups) if cfg.mlm_groups else WordGroups.sample_world(),
-                             model.encoder.tokenizer)
+                             model.encoder.tokenizer, weights=dict(cfg.mlm_group_weights))
     grounding = {k: v for path in cfg.grounding for k, v in load_grounding(path).items()} if "ground" in cfg.objectives else None
     objectives = EDJEObjectives(model, cfg.objectives, weights, groups, grounding)
     # Heads that an objective set leaves unused (MLM, recovery when fine-tuning) get no gradient.

@@ -63,9 +63,14 @@ class WordGroups:
 class PieceGroups:
     """Per wordpiece id of a tokenizer: its group index (-1 for none) and canonical value id."""
 
-    def __init__(self, groups: WordGroups, tokenizer):
+    def __init__(self, groups: WordGroups, tokenizer, weights: Optional[Dict[str, float]] = None):
         n = max(len(tokenizer), tokenizer.vocab_size)
         self.names = groups.names
+        unknown = set(weights or {}) - set(self.names)
+        if unknown:
+            raise ValueError(f"mask weights name unknown groups {sorted(unknown)}; groups: {list(self.names)}")
+        # How often each present group is the one masked, relative to the others (default: all alike).
+        self.weights = torch.tensor([float((weights or {}).get(name, 1.0)) for name in self.names])
         self.group = torch.full((n,), -1, dtype=torch.long)
         self.value = torch.full((n,), -1, dtype=torch.long)
         values: Dict[Tuple[int, str], int] = {}
@@ -89,7 +94,7 @@ class PieceGroups:
         A caption with no group word gets no mask (chosen group -1)."""
         g = self.of(input_ids).masked_fill(~text_mask, -1)
         present = torch.stack([(g == k).any(1) for k in range(len(self.names))], 1)
-        weights = present.float().cpu() + 1e-12  # a row with none present draws anything, masked below
+        weights = present.float().cpu() * self.weights + 1e-12  # a row with none present draws anything, masked below
         pick = torch.multinomial(weights, 1, generator=generator).squeeze(1).to(input_ids.device)
         pick = torch.where(present.any(1), pick, torch.full_like(pick, -1))
         return (g == pick[:, None]) & (pick[:, None] >= 0), pick

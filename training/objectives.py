@@ -2,8 +2,9 @@
 
 ITM over the positive and k hard negatives in both directions, MLM on the positive pairs,
 text-embedding recovery from the text-only [CLS], distillation of a teacher's ITM logits
-on exactly the pairs the student scores, and grounding: each grounded caption word of a positive
-pair regresses its object's centre from a middle layer (read from the same forward as ITM).
+on exactly the pairs the student scores, grounding: each grounded caption word of a positive
+pair regresses its object's centre from a middle layer (read from the same forward as ITM), and
+relation flips: each positive against its own caption with the spatial words reversed, on the same image.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from model.edje import EDJEModel
+from model.relation_roles import flip_relations
 from training.batches import TrainBatch
 from training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
 from training.masking import PieceGroups
@@ -63,6 +65,20 @@ class EDJEObjectives(nn.Module):
                 logits = encoder.score(texts, pairs)
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
+        if "flip" in self.objectives:
+            if "itm" not in self.objectives:
+                raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
+            flipped = [flip_relations(c) for c in batch.captions]
+            rows = [i for i, f in enumerate(flipped) if f is not None]
+            if rows:
+                # Each positive against its own caption with the relations reversed, on the same image.
+                flip_l = encoder.score([flipped[i] for i in rows], pos[rows])
+                pair = torch.stack([pos_l[rows], flip_l], dim=1)
+                out["loss_flip"] = F.cross_entropy(pair, torch.zeros(len(rows), dtype=torch.long, device=pair.device))
+                out["flip_acc"] = (pair[:, 0] > pair[:, 1]).float().mean().detach()
+            else:
+                out["loss_flip"] = pos.sum() * 0
+            total = total + self.weights.get("flip", 1.0) * out["loss_flip"]
         if "ground" in self.objectives:
             if centres is None:
                 centres = encoder.score_and_ground(list(batch.captions), pos)[1]
