@@ -119,11 +119,12 @@ class JointEncoder(nn.Module):
         tok = self.tokenizer
         fields = wordpieces.pair_rows(rows, num_image_tokens, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
         if self.config.relation_roles:
-            fields = (*fields, self._role_rows(texts, inverse, rows, fields[0].shape[1]))
+            fields = (*fields, self._role_rows(texts, rows, fields[0].shape[1]))
         return PairBatch(*_gather(fields, inverse, device))
 
-    def _role_rows(self, texts: Sequence[str], inverse: torch.Tensor, rows: List[List[int]], width: int) -> torch.Tensor:
-        """[U, T, NUM_ROLES] roles of each distinct text's caption positions (1..n), from the parse of its words."""
+    def _role_rows(self, texts: Sequence[str], rows: List[List[int]], width: int) -> torch.Tensor:
+        """[U, T, NUM_ROLES] roles of each distinct text's caption positions (1..n), from the parse of its words;
+        `rows` are the distinct texts' wordpieces, in first-seen order."""
         unique = list(dict.fromkeys(texts))
         tok = self.tokenizer
 
