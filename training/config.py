@@ -97,9 +97,9 @@ class TrainJobConfig:
         unknown = set(self.objectives) - set(OBJECTIVES)
         if unknown:
             raise ValueError(f"unknown objectives {sorted(unknown)}; choose from {', '.join(OBJECTIVES)}")
-        # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "flip" in self.objectives and "itm" not in self.objectives:
             raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
+        # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")
         if "distill" in self.objectives and not self.teacher_checkpoint:

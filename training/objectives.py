@@ -43,6 +43,8 @@ class EDJEObjectives(nn.Module):
         self.word_groups = word_groups
         if "ground" in self.objectives and grounding is None:
             raise ValueError("the ground objective needs grounding annotations")
+        if "flip" in self.objectives and "itm" not in self.objectives:
+            raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
@@ -66,8 +68,6 @@ class EDJEObjectives(nn.Module):
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
         if "flip" in self.objectives:
-            if "itm" not in self.objectives:
-                raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
             flipped = [flip_relations(c) for c in batch.captions]
             rows = [i for i, f in enumerate(flipped) if f is not None]
             if rows:
