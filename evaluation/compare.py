@@ -18,7 +18,17 @@ Spec (paths relative to the working directory):
                "train_minutes": 88.5, "backbone_passes_per_query": 0,
                "storage": {"tokens": 64, "width": 128, "quant": "int8", "group_size": null},  # optional
                "stage": "reranked" | "first_stage", "note": "...", "loadavg": [..]},     # optional
-              {"name": "EDJE compressed-64", "not_measured": "why", "command": "...", "train_minutes": 75}]}
+              {"name": "EDJE compressed-64", "not_measured": "why", "command": "...", "train_minutes": 75}],
+     "held_out": {"title": "...", "note": "..."}}                                              # optional
+
+A row may also carry its held-out-combination twin: the same design trained on a world that never
+shows some attribute combinations, evaluated on an in-distribution test world and on one made only of
+those combinations (`sampleworld generate --held-out ... --held-out-mode exclude | only`):
+
+    {"name": ..., "held_out": {"in_distribution": "runs/a/metrics.json", "held_out": "runs/b/metrics.json",
+                               "command": "...", "train_minutes": 30, "note": "..."}}
+
+Each of the two columns must share one first stage across rows, as the main table does.
 """
 from __future__ import annotations
 
@@ -91,10 +101,23 @@ class Row:
     eval_minutes: Optional[float] = None
     note: str = ""
     source: Optional[str] = None  # the metrics.json read
+    held_out: Optional["HeldOutTwin"] = None
 
     @property
     def measured(self) -> bool:
         return self.not_measured is None
+
+
+@dataclass(frozen=True)
+class HeldOutTwin:
+    """A design trained without the held-out combinations: on a test world of seen combinations and on one
+    made only of the withheld ones. The gap between the two is what memorised binding costs."""
+
+    command: str
+    in_distribution: Row
+    held_out: Row
+    train_minutes: Optional[float] = None
+    note: str = ""
 
 
 def _read_json(path: Path) -> Dict[str, Any]:
@@ -218,7 +241,21 @@ def load_row(spec: Mapping[str, Any]) -> Row:
             fields[key] = spec[key]
     if spec.get("loadavg") is not None:
         fields["loadavg"] = tuple(spec["loadavg"])
-    return Row(source=str(path), **common, **fields)
+    return Row(source=str(path), held_out=_held_out_twin(spec), **common, **fields)
+
+
+def _held_out_twin(spec: Mapping[str, Any]) -> Optional[HeldOutTwin]:
+    """The row's held-out twin (both test worlds read like the row itself), or None."""
+    h = spec.get("held_out")
+    if not h:
+        return None
+    for key in ("in_distribution", "held_out", "command"):
+        if not h.get(key):
+            raise ValueError(f"row {spec['name']!r}: held_out needs {key!r}")
+    side = {k: spec[k] for k in ("name", "stage", "storage", "rule") if k in spec}
+    return HeldOutTwin(command=h["command"], train_minutes=h.get("train_minutes"), note=h.get("note", ""),
+                       in_distribution=load_row({**side, "command": h["command"], "metrics": h["in_distribution"]}),
+                       held_out=load_row({**side, "command": h["command"], "metrics": h["held_out"]}))
 
 
 def _fs_line(r: Row) -> str:
@@ -272,9 +309,13 @@ class Comparison:
     title: str
     first_stage: FirstStage
     rows: List[Row]
+    held_out_first_stages: Optional[Tuple[FirstStage, FirstStage]] = None  # in-distribution, held-out
+    held_out_title: str = "Held-out combinations"
+    held_out_note: str = ""
 
     def to_json(self) -> Dict[str, Any]:
-        return {"title": self.title, "first_stage": asdict(self.first_stage), "rows": [asdict(r) for r in self.rows]}
+        return {"title": self.title, "first_stage": asdict(self.first_stage), "rows": [asdict(r) for r in self.rows],
+                "held_out_first_stages": [asdict(f) for f in self.held_out_first_stages or ()]}
 
 
 def build_table(spec: Mapping[str, Any]) -> Comparison:
@@ -285,8 +326,15 @@ def build_table(spec: Mapping[str, Any]) -> Comparison:
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise ValueError(f"row names must be unique: {names}")
+    twins = [r.held_out for r in rows if r.held_out]
+    columns = None
+    if twins:  # each test world of the twins is one first stage too
+        columns = (check_same_first_stage([t.in_distribution for t in twins]),
+                   check_same_first_stage([t.held_out for t in twins]))
+    h = spec.get("held_out") or {}
     return Comparison(spec.get("title", "Reranker designs on one first stage"),
-                      check_same_first_stage(rows, spec.get("expected_first_stage")), rows)
+                      check_same_first_stage(rows, spec.get("expected_first_stage")), rows, columns,
+                      h.get("title", "Held-out combinations"), h.get("note", ""))
 
 
 def load_spec(path: str) -> Dict[str, Any]:
@@ -352,7 +400,44 @@ def markdown(c: Comparison) -> str:
     for r in c.rows:
         note = f" {r.note}" if r.note else ""
         lines.append(f"- **{r.name}**: `{r.command}`{note}")
+    if c.held_out_first_stages:
+        lines += ["", *held_out_markdown(c)]
     return "\n".join(lines) + "\n"
+
+
+HELD_OUT_HEADER = ("| design (trained without the combinations) | seen: T2I R@1 | within-family | colour / shape / size / "
+                   "relation | held-out: T2I R@1 | within-family | colour / shape / size / relation | held-out - seen: "
+                   "T2I R@1 / within-family | train minutes |")
+
+
+def _twin_cells(r: Row) -> List[str]:
+    kinds = " / ".join(_num(r.by_kind_t2i.get(k)) for k in TWIN_KINDS)
+    return [f"{r.first_stage.t2i.r1:.1f} -> {r.t2i.r1:.1f}" if r.rule != "first-stage cosine" else f"{r.t2i.r1:.1f}",
+            _num(r.within_family_t2i), kinds]
+
+
+def held_out_markdown(c: Comparison) -> List[str]:
+    """The held-out table: every row's twin on seen and on withheld combinations, and the gap."""
+    seen, held = c.held_out_first_stages
+    lines = [f"### {c.held_out_title}", "",
+             f"Seen: `{_shown(seen.annotations)}` (first stage T2I R@1 {seen.t2i.r1:.1f}); held-out: "
+             f"`{_shown(held.annotations)}` (first stage T2I R@1 {held.t2i.r1:.1f}); top {held.k}, {held.queries_t2i} "
+             "text queries each. " + c.held_out_note, "", HELD_OUT_HEADER,
+             "| --- | --- | ---: | --- | --- | ---: | --- | --- | ---: |"]
+    for r in c.rows:
+        t = r.held_out
+        if t is None:
+            lines.append(f"| {r.name} | – | – | – | – | – | – | – | – |")
+            continue
+        a, b = t.in_distribution, t.held_out
+        wf = ("–" if a.within_family_t2i is None or b.within_family_t2i is None
+              else f"{b.within_family_t2i - a.within_family_t2i:+.1f}")
+        lines.append(f"| {r.name} | " + " | ".join(_twin_cells(a) + _twin_cells(b))
+                     + f" | {b.t2i.r1 - a.t2i.r1:+.1f} / {wf} | {_num(t.train_minutes)} |")
+    lines += ["", "Held-out twins, commands and notes:", ""]
+    lines += [f"- **{r.name}**: `{r.held_out.command}`" + (f" {r.held_out.note}" if r.held_out.note else "")
+              for r in c.rows if r.held_out]
+    return lines
 
 
 def write(c: Comparison, output: str) -> Tuple[Path, Path]:

@@ -24,6 +24,7 @@ from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, Sc
 from sampleworld.world import load_world
 from schemas.annotations import load_annotations, load_images
 from schemas.config import BackboneConfig, CodecConfig
+from schemas.shipped import shipped_weights
 from schemas.token_table import TableMetadata, build_table, write_token_table
 from schemas.weights import weights_sha256
 
@@ -85,15 +86,30 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Raw token table from a Karpathy-style annotation file")
     p.add_argument("--annotations", required=True)
     p.add_argument("--backbone", default="edje-tiny-convvit")
-    p.add_argument("--pretrained", default=None)
+    p.add_argument("--pretrained", default=None,
+                   help="backbone weights (default: the repository's shipped weights of --backbone; 'none': random, "
+                        "on purpose)")
     p.add_argument("--feature-layer", choices=["final", "penultimate"], help="default: the backbone kind's")
     p.add_argument("--rows", default="image", choices=["image", "caption"])
     p.add_argument("--output", required=True)
     p.add_argument("--scene-tokens", metavar="WORLD", help="diagnostic: the sample world's perfect scene tokens "
                    "(from WORLD/world.json) in place of the backbone's; embeddings stay the backbone's")
     a = p.parse_args(argv)
-    bb = VisionBackbone.create(BackboneConfig(a.backbone, a.pretrained, a.feature_layer or default_feature_layer(a.backbone)))
+    bb = VisionBackbone.create(BackboneConfig(a.backbone, _weights(a.backbone, a.pretrained),
+                                              a.feature_layer or default_feature_layer(a.backbone)))
     print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows, scene_tokens=a.scene_tokens)} rows to {a.output}")
+
+
+def _weights(backbone: str, pretrained: Optional[str]) -> Optional[str]:
+    """The weights to encode with: a table of an untrained backbone's tokens is noise that trains and evaluates
+    without an error, so it is only made when asked for by name."""
+    if pretrained is not None:
+        return None if pretrained.lower() == "none" else pretrained
+    weights = shipped_weights(backbone)
+    if weights is None:
+        raise SystemExit(f"{backbone}: the repository ships no weights for it; give --pretrained PATH "
+                         "(or --pretrained none for an untrained backbone)")
+    return weights
 
 
 if __name__ == "__main__":

@@ -82,13 +82,15 @@ def caption_embeddings(model: ELIPReranker, captions: Sequence[str], batch: int 
 
 @torch.no_grad()
 def rerank_scores(model: ELIPReranker, text_emb: torch.Tensor, candidates: np.ndarray, tokens: torch.Tensor,
-                  queries_per_call: int = 16) -> Tuple[np.ndarray, float]:
-    """ELIP scores [Q, k] of each query's candidates (indices into `tokens`), and the seconds they took."""
+                  queries_per_call: int = 16, image_emb: Optional[torch.Tensor] = None) -> Tuple[np.ndarray, float]:
+    """ELIP scores [Q, k] of each query's candidates (indices into `tokens` and `image_emb`, the images' unprompted
+    embeddings that a per-candidate mapper reads), and the seconds they took."""
     model.eval()
     out, start = [], time.perf_counter()
     for i in range(0, len(candidates), queries_per_call):
         cand = torch.from_numpy(candidates[i:i + queries_per_call]).to(tokens.device)
-        out.append(model.score(text_emb[i:i + queries_per_call], tokens[cand]).cpu().numpy())
+        emb = image_emb[cand] if image_emb is not None and model.config.per_candidate else None
+        out.append(model.score(text_emb[i:i + queries_per_call], tokens[cand], emb).cpu().numpy())
     return np.concatenate(out), time.perf_counter() - start
 
 
@@ -114,7 +116,8 @@ def evaluate_reranking(model: ELIPReranker, ann: Annotations, image_emb: np.ndar
     first_scores, first = first_stage(text_emb.cpu().numpy(), image_emb, max(k, max(KS)))
     del first_scores  # ELIP ranks by its own cosine alone (ELIP-C); no fusion with the first stage
     k = min(k, ann.num_images)
-    scores, seconds = rerank_scores(model, text_emb, first[:, :k], tokens, queries_per_call)
+    scores, seconds = rerank_scores(model, text_emb, first[:, :k], tokens, queries_per_call,
+                                    torch.from_numpy(np.asarray(image_emb, dtype=np.float32)))
     metrics = {"t2i": rerank_metrics(ann, first, scores, k), "queries": len(ann.captions), "images": ann.num_images,
                "k": k}
     pairs = len(ann.captions) * k

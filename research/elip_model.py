@@ -38,6 +38,9 @@ class ELIPConfig:
     pretrained: Optional[str] = "checkpoints/edje-tiny-convvit-sw.safetensors"
     num_prompts: int = 10  # ELIP's choice (its Table 5: 10 prompts beat 1, 2 and 5)
     hidden_dim: int = 512
+    # ELIP maps the text alone, so a query's candidates all get the same prompts and their cosines move
+    # together; per candidate, the mapper reads [t, v, t * v] with v the candidate's unprompted embedding.
+    per_candidate: bool = False
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
@@ -109,7 +112,8 @@ class ELIPReranker(nn.Module):
         self.config = cfg
         self.backbone = backbone if backbone is not None else VisionBackbone.create(cfg.backbone_config())
         timm_trunk(self.backbone)  # fail at construction, not at the first batch
-        self.mapper = PromptMapper(self.backbone.embed_dim, self.backbone.width, cfg.num_prompts, cfg.hidden_dim)
+        e = self.backbone.embed_dim
+        self.mapper = PromptMapper(3 * e if cfg.per_candidate else e, self.backbone.width, cfg.num_prompts, cfg.hidden_dim)
 
     def patch_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """Query-independent input tokens of images (uint8 [N, H, W, 3] or normalised float)."""
@@ -122,15 +126,27 @@ class ELIPReranker(nn.Module):
         self.mapper.token_rms.fill_(tokens.float().pow(2).mean().sqrt().item())
         return float(self.mapper.token_rms)
 
-    def prompted_embeddings(self, text_emb: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Each query's prompted embedding of its candidates: text [Q, e], tokens [Q, C, n, d] -> [Q, C, e]."""
+    def prompted_embeddings(self, text_emb: torch.Tensor, tokens: torch.Tensor,
+                            image_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Each query's prompted embedding of its candidates: text [Q, e], tokens [Q, C, n, d] -> [Q, C, e].
+        `image_emb` [Q, C, e]: the candidates' unprompted embeddings, read by a per-candidate mapper (computed
+        from the tokens when not given)."""
         q, c = tokens.shape[:2]
-        prompts = self.mapper(text_emb).repeat_interleave(c, dim=0)  # one prompt set per (query, candidate)
+        if self.config.per_candidate:
+            if image_emb is None:
+                with torch.no_grad():
+                    image_emb = encode_prompted(self.backbone, tokens.flatten(0, 1), None).view(q, c, -1)
+            t = F.normalize(text_emb.float(), dim=-1).unsqueeze(1).expand(q, c, -1)
+            v = image_emb.float()
+            prompts = self.mapper(torch.cat([t, v, t * v], dim=-1).flatten(0, 1))
+        else:
+            prompts = self.mapper(text_emb).repeat_interleave(c, dim=0)  # one prompt set per (query, candidate)
         return encode_prompted(self.backbone, tokens.flatten(0, 1), prompts).view(q, c, -1)
 
-    def score(self, text_emb: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def score(self, text_emb: torch.Tensor, tokens: torch.Tensor, image_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
         """ELIP's re-ranking score: cosine of text [Q, e] with its prompted candidates [Q, C, n, d] -> [Q, C]."""
-        return torch.einsum("qe,qce->qc", F.normalize(text_emb.float(), dim=-1), self.prompted_embeddings(text_emb, tokens))
+        return torch.einsum("qe,qce->qc", F.normalize(text_emb.float(), dim=-1),
+                            self.prompted_embeddings(text_emb, tokens, image_emb))
 
     def train(self, mode: bool = True) -> "ELIPReranker":
         """Only the mapper trains; the backbone stays in eval mode (its BatchNorm stem included)."""

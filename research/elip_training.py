@@ -64,18 +64,21 @@ class ELIPTrainConfig:
             raise ValueError(f"batch_size {self.batch_size} exceeds train_images {self.train_images}")
 
 
-def infonce_loss(model: ELIPReranker, text_emb: torch.Tensor, tokens: torch.Tensor, scale) -> torch.Tensor:
-    """ELIP-C's loss: each text [B, e] against its prompted embeddings of all B images [B, n, d]; row i's answer is image i."""
+def infonce_loss(model: ELIPReranker, text_emb: torch.Tensor, tokens: torch.Tensor, scale,
+                 image_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """ELIP-C's loss: each text [B, e] against its prompted embeddings of all B images [B, n, d]; row i's answer is image i.
+    `image_emb` [B, e]: the images' unprompted embeddings (read by a per-candidate mapper)."""
     b = len(text_emb)
-    logits = scale * model.score(text_emb, tokens.unsqueeze(0).expand(b, *tokens.shape))
+    cand = None if image_emb is None else image_emb.unsqueeze(0).expand(b, *image_emb.shape)
+    logits = scale * model.score(text_emb, tokens.unsqueeze(0).expand(b, *tokens.shape), cand)
     return F.cross_entropy(logits, torch.arange(b, device=logits.device))
 
 
 def train_step(model: ELIPReranker, opt: torch.optim.Optimizer, text_emb: torch.Tensor, tokens: torch.Tensor,
-               scale) -> float:
+               scale, image_emb: Optional[torch.Tensor] = None) -> float:
     """One optimiser step of the mapper on a batch (texts [B, e], their images' input tokens [B, n, d]); the loss.
     `scale`: a float, or a 0-d tensor (a learned scale, stepped by the same optimiser)."""
-    loss = infonce_loss(model, text_emb, tokens, scale)
+    loss = infonce_loss(model, text_emb, tokens, scale, image_emb)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -137,14 +140,15 @@ def train_elip(cfg: ELIPTrainConfig, log: Callable[[str], None] = print, model: 
             batches = epoch_batches(emb.numpy(), cfg, rng)
         idx = batches.pop()
         texts = torch.stack([text_emb[int(rng.choice(per_image[i]))] for i in idx])  # one caption per image
-        losses.append(train_step(model, opt, texts, tokens[torch.from_numpy(idx)], log_scale.exp()))
+        losses.append(train_step(model, opt, texts, tokens[torch.from_numpy(idx)], log_scale.exp(),
+                                 emb[torch.from_numpy(idx)]))
         # The same batch scored by the first stage's cosine at the same scale: what the prompts have to beat.
-        plain.append(F.cross_entropy(float(log_scale.exp()) * texts @ emb[torch.from_numpy(idx)].T,
+        plain.append(F.cross_entropy(float(log_scale.detach().exp()) * texts @ emb[torch.from_numpy(idx)].T,
                                      torch.arange(len(idx))).item())
         sched.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             row = {**validate(step), "loss": round(float(np.mean(losses)), 4),
-                   "loss_first_stage": round(float(np.mean(plain)), 4), "logit_scale": round(float(log_scale.exp()), 3)}
+                   "loss_first_stage": round(float(np.mean(plain)), 4), "logit_scale": round(float(log_scale.detach().exp()), 3)}
             history.append(row)
             log(json.dumps(row))
             losses, plain = [], []

@@ -31,6 +31,8 @@ def main(argv=None) -> None:
     p.add_argument("--pretrained", default=d.elip.pretrained, help="backbone checkpoint")
     p.add_argument("--num-prompts", type=int, default=d.elip.num_prompts)
     p.add_argument("--hidden-dim", type=int, default=d.elip.hidden_dim)
+    p.add_argument("--per-candidate", action="store_true",
+                   help="prompts per (query, candidate): the mapper also reads the candidate's unprompted embedding")
     p.add_argument("--train-images", type=int, default=d.train_images, help="the first N training images")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--cluster-size", type=int, default=d.cluster_size)
@@ -47,7 +49,8 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
     a = p.parse_args(argv)
-    elip = ELIPConfig(backbone=a.backbone, pretrained=a.pretrained, num_prompts=a.num_prompts, hidden_dim=a.hidden_dim)
+    elip = ELIPConfig(backbone=a.backbone, pretrained=a.pretrained, num_prompts=a.num_prompts, hidden_dim=a.hidden_dim,
+                      per_candidate=a.per_candidate)
     cfg = ELIPTrainConfig(train_annotations=a.train, val_annotations=a.val, output=a.output, elip=elip,
                           train_images=a.train_images, batch_size=a.batch_size, cluster_size=a.cluster_size,
                           neighbour_fraction=a.neighbour_fraction, steps=a.steps, lr=a.lr,

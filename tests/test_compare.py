@@ -160,3 +160,38 @@ def test_refuses_a_row_whose_storage_is_not_what_its_evaluation_used(outputs):
     del spec["rows"][2]["metrics"]
     with pytest.raises(ValueError, match="'metrics'.*'not_measured'"):
         build_table(spec)
+
+
+def test_held_out_twins_form_a_second_table_with_their_own_first_stages(outputs):
+    tmp, ann, local, glob, elip = outputs
+    seen_ann, held_ann = tmp / "seen" / "flickr30k_test.json", tmp / "held" / "flickr30k_test.json"
+    for a in (seen_ann, held_ann):
+        a.parent.mkdir()
+        a.write_text("{}")
+    seen_first, held_first = {"r1": 24.0, "r5": 80.0, "r10": 95.0}, {"r1": 21.0, "r5": 70.0, "r10": 90.0}
+    twin = lambda name, r1s, r1h, quant=None: {  # noqa: E731
+        "in_distribution": str(_write_edje(tmp / f"{name}-seen", seen_ann, _edje_metrics(r1s, 0.0, seen_first), quant)),
+        "held_out": str(_write_edje(tmp / f"{name}-held", held_ann, _edje_metrics(r1h, 0.0, held_first), quant)),
+        "command": f"pretrain {name} on the exclude world", "train_minutes": 30.0}
+    spec = _spec(local, glob, elip, held_out={"title": "Held-out: red+circle", "note": "twins trained on exclude."})
+    spec["rows"][0]["held_out"] = twin("first", 24.0, 21.0)
+    spec["rows"][1]["held_out"] = twin("local", 90.0, 70.0, quant="int8")
+    c = build_table(spec)
+    fs, loc = c.rows[0], c.rows[1]
+    assert fs.held_out.held_out.rule == "first-stage cosine" and fs.held_out.held_out.t2i.r1 == 21.0
+    assert loc.held_out.in_distribution.t2i.r1 == 90.0 and loc.held_out.held_out.t2i.r1 == 70.0
+    assert c.held_out_first_stages[1].t2i == Recall.of(held_first) and c.rows[2].held_out is None
+    md = markdown(c)
+    assert "### Held-out: red+circle" in md and "twins trained on exclude." in md
+    assert "| EDJE local int8 | 24.0 -> 90.0 |" in md and "| 24.0 -> 70.0 |" not in md
+    assert "| -20.0 / +0.0 | 30.0 |" in md and "| global-vector ITM | – | – |" in md
+    held_lines = md.split("### Held-out")[1].splitlines()
+    assert len({line.count(" | ") for line in held_lines if line.startswith("| ")}) == 1
+    # a twin whose held-out world differs from the others' is refused like a main-table row
+    spec["rows"][1]["held_out"]["held_out"] = str(_write_edje(tmp / "odd", held_ann, _edje_metrics(70.0, 0.0, seen_first)))
+    with pytest.raises(FirstStageMismatch):
+        build_table(spec)
+    # the twin's storage must match the row's, as the row's own evaluation must
+    spec["rows"][1]["held_out"] = twin("fp16", 90.0, 70.0, quant="fp16")
+    with pytest.raises(ValueError, match="stored as int8"):
+        build_table(spec)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model.backbone import VisionBackbone
 from research.elip_eval import ELIPEvalConfig, caption_embeddings, evaluate_elip, image_inputs
@@ -144,3 +145,30 @@ def test_evaluation_reports_recall_binding_and_cost(world, trained):
     assert m["queries"] == 8 and m["cost"]["backbone_passes_per_query"] == 4 and m["cost"]["pairs"] == 32
     assert m["cost"]["pairs_per_s"] > 0 and len(m["cost"]["loadavg_1_5_15"]) == 3
     assert json.loads((out / "eval" / "metrics.json").read_text())["t2i"] == t2i
+
+
+def test_per_candidate_prompts_read_each_candidates_embedding_and_train(world, tmp_path):
+    """per_candidate: the mapper reads [t, v, t*v], so one query's candidates get different prompts; it trains,
+    saves and loads like the text-only mapper, and evaluation hands it the candidates' embeddings."""
+    cfg = ELIPConfig(**{**TINY.__dict__, "per_candidate": True})
+    torch.manual_seed(0)
+    model = ELIPReranker(cfg, VisionBackbone.create(cfg.backbone_config()))
+    ann = load_annotations(world.annotations["train"])
+    tokens, emb = image_inputs(model, ann.image_paths[:8])
+    model.match_token_scale(tokens)
+    text = caption_embeddings(model, [ann.captions_of(i)[0] for i in range(8)])
+    cand = tokens[:2].unsqueeze(0)  # one query, two candidates
+    t, v = F.normalize(text[:1], dim=-1).expand(2, -1), emb[:2]
+    prompts = model.mapper(torch.cat([t, v, t * v], dim=-1))
+    assert not torch.allclose(prompts[0], prompts[1])
+    with torch.no_grad():  # embeddings computed inside when not given: the same scores
+        assert torch.allclose(model.score(text[:1], cand, emb[:2].unsqueeze(0)), model.score(text[:1], cand), atol=1e-5)
+    opt = torch.optim.AdamW(model.mapper.parameters(), lr=3e-3)
+    losses = [train_step(model, opt, text, tokens, 16.0, emb) for _ in range(12)]
+    assert losses[-1] < losses[0], losses
+    model.save(tmp_path / "pc")
+    again = load_elip(tmp_path / "pc", backbone=model.backbone)
+    assert again.config.per_candidate and again.mapper.net[0].in_features == 3 * model.backbone.embed_dim
+    out = evaluate_elip(ELIPEvalConfig(checkpoint=str(tmp_path / "pc"), annotations=str(world.annotations["test"]), k=4,
+                                       max_queries_per_image=1))
+    assert out["cost"]["pairs"] == 32 and 0 <= out["t2i"]["reranked"]["r1"] <= 100

@@ -145,3 +145,36 @@ def test_the_shipped_checkpoint_loads_as_the_token_mode():
     model = load_checkpoint(str(shipped))
     assert model.config.encoder.itm_input == "tokens" and not model.encoder.global_itm
     assert "encoder.itm_head.1.weight" in model.state_dict() and model.encoder.mlm_fusion is None
+
+
+def test_a_global_baseline_starts_from_a_token_models_bert(token_model, images, tmp_path):
+    """`--init-encoder-from <token model> --itm-input global`: BERT and the word context are copied, the heads
+    that read the image start fresh (the baseline gets the same text encoder as the EDJE it is compared with)."""
+    from dataclasses import replace
+
+    from schemas.token_table import TableMetadata
+    from training.config import ModelSpec
+    from training.model_init import build_model
+
+    # a token model with the relation parts, as the shipped ones: the global mode cannot have them
+    cfg = token_model.config
+    source = EDJEModel(replace(cfg, encoder=replace(cfg.encoder, relation_roles=True, route_layer=0, ground_layer=0)),
+                       load_language_model=False)
+    source.load_state_dict(token_model.state_dict(), strict=False)
+    save_checkpoint(source, str(tmp_path / "tokens"))
+    meta = TableMetadata(kind="raw", backbone="edje-tiny-convvit", pretrained=None, feature_layer="final",
+                         num_tokens=N, width=D, quantization="fp16", embed_dim=8)
+    spec = ModelSpec(adapter="local", adapter_hidden=48, itm_input="global")
+    model = build_model(spec, meta, init_encoder_from=str(tmp_path / "tokens"))
+    enc, src = model.encoder, token_model.encoder
+    assert enc.global_itm and enc.mlm_fusion is not None
+    assert torch.equal(enc.bert.bert.encoder.layer[0].attention.self.query.weight,
+                       src.bert.bert.encoder.layer[0].attention.self.query.weight)
+    assert torch.equal(enc.word_context.conv.weight, src.word_context.conv.weight)
+    assert not enc.mlm_fusion.mlp[2].weight.abs().sum()  # fresh: the MLM starts text-only
+    with torch.no_grad():
+        assert model.score_backbone_tokens(CAPTIONS, images).shape == (len(CAPTIONS),)
+    # without the flag the source's mode is kept
+    save_checkpoint(token_model, str(tmp_path / "plain"))
+    assert not build_model(ModelSpec(adapter="local", adapter_hidden=48), meta,
+                           init_encoder_from=str(tmp_path / "plain")).encoder.global_itm

@@ -64,13 +64,23 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
         enc = source.config.encoder
         # The adapter feeds that encoder, so its output width is the source's hidden size, whatever
         # the command line's BERT flags say.
+        itm_input = spec.itm_input if spec.itm_input != ModelSpec().itm_input else enc.itm_input
         cfg = replace(cfg, adapter=replace(cfg.adapter, output_dim=source.encoder.hidden_size),
                       encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
                                       bert_config=enc.bert_config or cfg.encoder.bert_config,
-                                      max_text_tokens=enc.max_text_tokens, itm_input=enc.itm_input,
+                                      max_text_tokens=enc.max_text_tokens, itm_input=itm_input,
                                       word_context=enc.word_context, **relation_fields(spec)))
         model = EDJEModel(cfg, load_language_model=False)
-        load_state(model.encoder, _with_new_parts(model.encoder, source.encoder.state_dict()), init_encoder_from)
+        state = source.encoder.state_dict()
+        if itm_input != enc.itm_input:
+            # Another ITM input (the global-vector baseline from a token model's BERT): the heads that
+            # read the image differ, so they start fresh, and parts the other mode cannot have (the relation
+            # parts need image tokens in BERT) are left behind; BERT and the word context are copied.
+            fresh = ("itm_head.", "mlm_fusion.")
+            own = model.encoder.state_dict()
+            state = {**{k: v for k, v in state.items() if k in own and not k.startswith(fresh)},
+                     **{k: v for k, v in own.items() if k.startswith(fresh)}}
+        load_state(model.encoder, _with_new_parts(model.encoder, state), init_encoder_from)
     elif spec.bert_config is not None:
         model = EDJEModel(cfg, load_language_model=False)  # random init by request
     else:
