@@ -140,10 +140,11 @@ def train_elip(cfg: ELIPTrainConfig, log: Callable[[str], None] = print, model: 
             batches = epoch_batches(emb.numpy(), cfg, rng)
         idx = batches.pop()
         texts = torch.stack([text_emb[int(rng.choice(per_image[i]))] for i in idx])  # one caption per image
-        losses.append(train_step(model, opt, texts, tokens[torch.from_numpy(idx)], log_scale.exp(),
-                                 emb[torch.from_numpy(idx)]))
+        rows = torch.from_numpy(idx)
+        batch_emb = emb[rows]
+        losses.append(train_step(model, opt, texts, tokens[rows], log_scale.exp(), batch_emb))
         # The same batch scored by the first stage's cosine at the same scale: what the prompts have to beat.
-        plain.append(F.cross_entropy(float(log_scale.detach().exp()) * texts @ emb[torch.from_numpy(idx)].T,
+        plain.append(F.cross_entropy(float(log_scale.detach().exp()) * texts @ batch_emb.T,
                                      torch.arange(len(idx))).item())
         sched.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
