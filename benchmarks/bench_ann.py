@@ -19,15 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def encode_world(reranker, seed: int, images: int, workdir: Path):
     """A test-only world of `images` images, encoded as the encode job would store them; (annotations, rows)."""
-    from sampleworld.world import WorldConfig, generate
-    from schemas.annotations import load_annotations
+    from edje.sampleworld.world import WorldConfig, generate
+    from edje.schemas.annotations import load_annotations
 
     world = workdir / f"world-{seed}"
     if not (world / "world.json").exists():
@@ -36,7 +34,7 @@ def encode_world(reranker, seed: int, images: int, workdir: Path):
     cache = workdir / f"rows-{seed}.npz"
     if cache.exists():
         z = np.load(cache)
-        from model.token_encoder import EncodedImages
+        from edje.model.token_encoder import EncodedImages
         return ann, EncodedImages(z["blob"], z["scales"] if z["scales"].size else None, z["embeddings"])
     t0 = time.time()
     rows = reranker.encode_images(list(ann.image_paths), batch_size=128)
@@ -93,8 +91,8 @@ def main() -> int:
     import torch
 
     from edje import EDJEReranker
-    from model.embedding_index import EmbeddingIndex
-    from schemas.shipped import DEFAULT_RERANKER
+    from edje.model.embedding_index import EmbeddingIndex
+    from edje.schemas.shipped import DEFAULT_RERANKER
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)  # on a shared machine, spinning OpenMP threads cost more than they give
@@ -156,7 +154,7 @@ def main() -> int:
     print(f"[ann] reranked R@1 difference (IVF-PQ - flat): {ann_row['reranked_r1'] - flat['reranked_r1']:+.1f} "
           f"(goal: within 1 point); index {flat['index_bytes'] / ann_row['index_bytes']:.1f}x smaller")
     if args.json:
-        from pipeline.storage import write_json
+        from edje.pipeline.storage import write_json
 
         write_json(args.json, out)
     return 0

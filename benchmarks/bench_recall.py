@@ -70,11 +70,11 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    log = lambda s: print(s, flush=True)  # noqa: E731
+    log = lambda s: print(s, flush=True)
     world = Path(a.world)
     train_tab, test_tab = work / "tables" / "train.parquet", work / "tables_test" / "test.parquet"
     for split, out in (("train", train_tab), ("test", test_tab)):
-        stage(work, f"tables_{split}", [PY, "-m", "evaluation.tables", "--annotations", world / f"flickr30k_{split}.json",
+        stage(work, f"tables_{split}", [PY, "-m", "edje.evaluation.tables", "--annotations", world / f"flickr30k_{split}.json",
                                         "--backbone", a.backbone, "--pretrained", a.pretrained, "--output", out], out, log)
     common = ["--tables", train_tab.parent, "--storage-path", work / "train", "--num-workers", "1",
               "--cpus-per-worker", a.cpus, "--batch-size", a.batch_size, "--k", a.k_neg, "--lr", a.lr,

@@ -37,12 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 WORDS = np.array("a an the red blue green small large cube sphere cone left of right above below next to "
                  "photo picture dog cat house tree car street beach mountain city night sunset bird".split())
@@ -84,8 +82,8 @@ def generate(folder: Path, rows: int, part_rows: int, chunk: int = 1_000_000) ->
 
 def child_plan(input_dir: str, output: str, shard_size: int, scratch: str) -> dict:
     """In a fresh process: plan_job on the list (encode off); rows/s and peak RSS."""
-    from pipeline.resume import plan_job
-    from schemas.encode_job import EncodeJobConfig
+    from edje.pipeline.resume import plan_job
+    from edje.schemas.encode_job import EncodeJobConfig
 
     cfg = EncodeJobConfig(output=output, input=input_dir, url_col="URL", caption_col="TEXT", shard_size=shard_size,
                           scratch=scratch)
@@ -110,10 +108,10 @@ def child_plan(input_dir: str, output: str, shard_size: int, scratch: str) -> di
 
 def child_resume(input_dir: str, output: str, shard_size: int) -> dict:
     """In a fresh process: the resume step (reuse the plan, list committed shards) and one commit record."""
-    from pipeline import storage
-    from pipeline.manifest import committed_shards
-    from pipeline.resume import plan_job
-    from schemas.encode_job import EncodeJobConfig
+    from edje.pipeline import storage
+    from edje.pipeline.manifest import committed_shards
+    from edje.pipeline.resume import plan_job
+    from edje.schemas.encode_job import EncodeJobConfig
 
     cfg = EncodeJobConfig(output=output, input=input_dir, url_col="URL", caption_col="TEXT", shard_size=shard_size)
     t0 = time.time()
@@ -145,8 +143,9 @@ def mark_committed(output: str, shard_ids) -> None:
 
 
 def run_child(args: list, code_root: str = None) -> dict:
-    extra = ["--code-root", code_root] if code_root else []
-    out = subprocess.run([sys.executable, __file__, *extra, *args], capture_output=True, text=True, check=False)
+    # Another revision plans with its own copy of this script, which finds that revision's code itself.
+    script = Path(code_root) / "benchmarks" / "bench_scale.py" if code_root else Path(__file__)
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=False)
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     if out.returncode != 0 and not last.startswith("{"):
         raise RuntimeError(out.stderr[-3000:])
@@ -199,9 +198,9 @@ def s3_ledger(shard_counts, sample: int = 50, threads: int = 16) -> list:
 
     import boto3
 
-    from pipeline import storage
-    from pipeline.manifest import JobManifest, committed_shards, load_manifest, load_plan, save_manifest
-    from pipeline.write import stats_path
+    from edje.pipeline import storage
+    from edje.pipeline.manifest import JobManifest, committed_shards, load_manifest, load_plan, save_manifest
+    from edje.pipeline.write import stats_path
 
     creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(creds)
@@ -290,10 +289,7 @@ def main() -> None:
     p.add_argument("--s3-shards", nargs="*", type=int, default=[], help="S3 ledger benchmark at these shard counts")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--child-resume", nargs=3, help=argparse.SUPPRESS)
-    p.add_argument("--code-root", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.code_root:  # a child planning with another revision's code
-        sys.path.insert(0, str(Path(args.code_root).resolve()))
     if args.child:
         print(json.dumps(child_plan(args.child[0], args.child[1], int(args.child[2]), args.child[3])))
         return

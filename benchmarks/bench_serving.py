@@ -10,7 +10,7 @@ Prints, from one run, measured side by side:
    the vision backbone online for every pair (then adapter + joint encoder);
 4. the batching ceiling: in-process joint-encoder pairs/s against the forward's batch size.
 The work outside the transformer per scored pair, today's layout beside the old one, is
-research/pair_layout_bench.py.
+benchmarks/pair_layout_bench.py.
 
 The joint encoder is MiniLM-L6-H384 sized (the offline all-MiniLM-L6-v2 weights); model weights
 do not change speed, so adapters and the backbone are randomly initialised. GPU mode
@@ -39,12 +39,11 @@ from typing import Callable, Dict, List
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig  # noqa: E402
+from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MINILM_L12 = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=12, num_attention_heads=12,
@@ -84,7 +83,7 @@ def free_port() -> int:
 
 
 def captions(n: int, seed: int = 0) -> List[str]:
-    from serving.random_corpus import caption_of
+    from edje.serving.random_corpus import caption_of
 
     rng = random.Random(seed)
     return [caption_of(rng.randrange(10_000)) for _ in range(n)]
@@ -96,11 +95,11 @@ def bench_http(args, out: dict) -> None:
     import requests
     from ray import serve
 
-    from model.edje import load_checkpoint, read_checkpoint_config
-    from serving.app import build
-    from serving.config import DeploymentResources, ServeConfig
-    from serving.random_corpus import write_random_corpus
-    from serving.token_store import TokenStore
+    from edje.model.edje import load_checkpoint, read_checkpoint_config
+    from edje.model.token_store import TokenStore
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources, ServeConfig
+    from edje.serving.random_corpus import write_random_corpus
 
     work = tempfile.mkdtemp(prefix="bench-serving-")
     corpus = write_random_corpus(work, served_config(args.lm), num_images=args.images, num_tables=1, quantization="int8")
@@ -113,7 +112,7 @@ def bench_http(args, out: dict) -> None:
     def in_process(query: str, ids: List[str]) -> np.ndarray:
         return model.encoder.score([query] * len(ids), torch.from_numpy(store.gather(ids))).numpy()
 
-    from serving.startup import StartupConfig
+    from edje.serving.startup import StartupConfig
 
     os.environ.update(StartupConfig().env())  # the project's Serve proxy checks: a loaded machine must not kill the proxy
     ray.init(address="local", num_cpus=threads, include_dashboard=False, log_to_driver=False)
@@ -264,8 +263,8 @@ def round_robin(calls: Dict[object, Callable[[], object]], reps: int) -> Dict[ob
 def bench_encoder(args, out: dict) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from model.adapters import build_adapter
-    from model.joint_encoder import JointEncoder
+    from edje.model.adapters import build_adapter
+    from edje.model.joint_encoder import JointEncoder
 
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -311,7 +310,7 @@ def bench_encoder(args, out: dict) -> None:
         results[name] = b / seconds
 
     if not args.skip_online:
-        from model.backbone import VisionBackbone
+        from edje.model.backbone import VisionBackbone
 
         backbone = VisionBackbone.create(BackboneConfig(args.online_backbone), device=device).to(dtype)
         n, d = backbone.token_shape
@@ -342,7 +341,7 @@ def bench_ceiling(args, out: dict) -> None:
     part is bounded by how much faster one forward of B pairs is than B forwards of one pair. On a
     CPU a MiniLM over ~80 tokens is already matrix-bound at batch 1; on a GPU it is launch-bound.
     """
-    from model.joint_encoder import JointEncoder
+    from edje.model.joint_encoder import JointEncoder
 
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]

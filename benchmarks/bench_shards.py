@@ -24,18 +24,16 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def build_corpus(workdir: Path, images: int, seed: int):
     """A sample world's test split encoded by the shipped reranker into one int8 token table; (table, captions, ids)."""
     from edje import EDJEReranker
-    from sampleworld.world import WorldConfig, generate
-    from schemas.annotations import load_annotations
-    from schemas.shipped import DEFAULT_RERANKER
-    from schemas.token_table import build_table_from_blobs, write_token_table
+    from edje.sampleworld.world import WorldConfig, generate
+    from edje.schemas.annotations import load_annotations
+    from edje.schemas.shipped import DEFAULT_RERANKER
+    from edje.schemas.token_table import build_table_from_blobs, write_token_table
 
     world = workdir / "world"
     if not (world / "world.json").exists():
@@ -139,11 +137,11 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from jobs.quickstart import free_port
-    from schemas.shipped import DEFAULT_RERANKER
-    from serving.app import build
-    from serving.config import DeploymentResources, ServeConfig
-    from serving.shards import shard_of
+    from edje.jobs.quickstart import free_port
+    from edje.model.shards import shard_of
+    from edje.schemas.shipped import DEFAULT_RERANKER
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources, ServeConfig
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-shards-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +212,7 @@ def main() -> int:
           f"{out['one_shard_store_bytes']} in one shard")
     print(f"[shards] kill: {kill}")
     if args.json:
-        from pipeline.storage import write_json
+        from edje.pipeline.storage import write_json
 
         write_json(args.json, out)
     return 0

@@ -6,9 +6,9 @@ learns from them is the ceiling of what any backbone's tokens could give it; the
 the real backbone's embeddings. Stages are the project's commands, timed, skipped when their
 output exists (rerun to resume):
 
-  1. python -m sampleworld generate            (a world: train + val; the val split selects recipes;
+  1. python -m edje.sampleworld generate            (a world: train + val; the val split selects recipes;
                                                 and the curriculum's one-object world)
-  2. python -m evaluation.tables --scene-tokens (raw tables of perfect tokens; embeddings from the backbone)
+  2. python -m edje.evaluation.tables --scene-tokens (raw tables of perfect tokens; embeddings from the backbone)
   3. python jobs/pretrain.py                    (Ray Train: the curriculum's first phase, MLM on one-object
                                                 scenes; then --init from it, the recipe on the main world)
   4. python jobs/evaluate.py                    (first stage, reranking, within-family accuracy)
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_recall import PY, stage  # noqa: E402
+from bench_recall import PY, stage
 
 # The recipe that learned binding on perfect tokens (BENCHMARKS.md, "Binding"): a small BERT from
 # scratch without dropout and with word context; first MLM over whole attribute groups on one-object
@@ -79,13 +77,13 @@ def main(argv=None) -> dict:
         stage(work, "world1", [PY, "-m", "sampleworld", "generate", "--seed", a.seed + 1000, "--n-train", a.n_single,
                                "--n-val", 0, "--n-test", 0, "--family-size", 1, "--min-objects", 1, "--max-objects", 1,
                                "--out", single], single / "world.json", log)
-        stage(work, "world1_tables", [PY, "-m", "evaluation.tables", "--annotations", single / "flickr30k_train.json",
+        stage(work, "world1_tables", [PY, "-m", "edje.evaluation.tables", "--annotations", single / "flickr30k_train.json",
                                       "--rows", "caption", "--pretrained", a.pretrained, *source1,
                                       "--output", tables / "train1" / "train.parquet"], tables / "train1" / "train.parquet", log)
-    stage(work, "train_tables", [PY, "-m", "evaluation.tables", "--annotations", world / "flickr30k_train.json",
+    stage(work, "train_tables", [PY, "-m", "edje.evaluation.tables", "--annotations", world / "flickr30k_train.json",
                                  "--rows", "caption", "--pretrained", a.pretrained, *source,
                                  "--output", tables / "train" / "train.parquet"], tables / "train" / "train.parquet", log)
-    stage(work, "val_tables", [PY, "-m", "evaluation.tables", "--annotations", world / "flickr30k_val.json",
+    stage(work, "val_tables", [PY, "-m", "edje.evaluation.tables", "--annotations", world / "flickr30k_val.json",
                                "--pretrained", a.pretrained, *source, "--output", tables / "val.parquet"],
           tables / "val.parquet", log)
     common = ["--storage-path", work / "train", "--num-workers", 1, "--cpus-per-worker", a.cpus, "--epochs", 1000,

@@ -16,27 +16,25 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from schemas.codecs import bytes_per_image  # noqa: E402
+from edje.schemas.codecs import bytes_per_image  # noqa: E402
 
 KINDS = ("colour", "shape", "size", "relation")
 
 
 def prepare(workdir: Path, seed: int, n_test: int, pretrained: str) -> tuple:
     """The world's test split and its raw backbone table (made once)."""
-    from evaluation.tables import encode_annotations
-    from model.backbone import VisionBackbone
-    from sampleworld.world import WorldConfig, generate
-    from schemas.config import BackboneConfig
+    from edje.evaluation.tables import encode_annotations
+    from edje.model.backbone import VisionBackbone
+    from edje.sampleworld.world import WorldConfig, generate
+    from edje.schemas.config import BackboneConfig
 
     world = workdir / "world"
     ann, raw = world / "flickr30k_test.json", workdir / "raw.parquet"
@@ -49,7 +47,7 @@ def prepare(workdir: Path, seed: int, n_test: int, pretrained: str) -> tuple:
 
 def evaluate_row(workdir: Path, name: str, checkpoint: str, codec: str, ann: Path, raw: Path, k: int) -> dict:
     """jobs/evaluate.py's metrics of one checkpoint with its adapter's output stored as `codec` (cached)."""
-    from evaluation.rerank_eval import EvalConfig, evaluate
+    from edje.evaluation.rerank_eval import EvalConfig, evaluate
 
     out = workdir / "eval" / f"{name}_{codec}"
     if (out / "metrics.json").exists():
@@ -60,8 +58,8 @@ def evaluate_row(workdir: Path, name: str, checkpoint: str, codec: str, ann: Pat
 
 def pairs_per_second(models: dict, raw: Path, pairs: int, rounds: int) -> dict:
     """Median pairs/s of each model's joint encoder over the same texts, timed in interleaved rounds."""
-    from model.scoring import PairScorer
-    from schemas.token_table import decode_tokens, read_token_table
+    from edje.model.scoring import PairScorer
+    from edje.schemas.token_table import decode_tokens, read_token_table
 
     table, meta = read_token_table(str(raw))
     tokens = torch.from_numpy(decode_tokens(table, meta))

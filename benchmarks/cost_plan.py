@@ -18,12 +18,9 @@ import argparse
 import io
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ def measure_decode_per_core(seconds: float = 5.0) -> float:
     import numpy as np
     from PIL import Image
 
-    from pipeline.decode import decode_image
+    from edje.model.image_decode import decode_image
 
     rng = np.random.default_rng(0)
     jpgs = []
@@ -78,7 +75,7 @@ def measure_decode_per_core(seconds: float = 5.0) -> float:
 
 
 def plan(args) -> str:
-    from schemas.codecs import bytes_per_image
+    from edje.schemas.codecs import bytes_per_image
 
     vit = vit_flops_per_image()
     train = edje_train_flops_per_sample()

@@ -23,13 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from pipeline.encode import EncodeBatch, ModelInfo  # noqa: E402
-from schemas.token_table import TableMetadata  # noqa: E402
+from edje.pipeline.encode import EncodeBatch, ModelInfo
+from edje.schemas.token_table import TableMetadata
 
 LABEL = "SIMULATED-GPU"
 BACKBONE = "ViT-L-16-SigLIP2-384"  # what the simulated actor stands for: its input size and table shape
@@ -50,7 +49,7 @@ def simulated_encoder(rate: float):
     class SimulatedGPUEncoder(EncodeBatch):
         """SIMULATED-GPU: reads its input, sleeps batch / rate seconds, returns zero tokens."""
 
-        def __init__(self, spec):  # noqa: ARG002 - the job passes the real spec; nothing is built from it
+        def __init__(self, spec):
             started = time.time()
             self.with_text = False
             self.codec = simulated_meta().codec
@@ -71,8 +70,8 @@ def simulated_encoder(rate: float):
 
 def run_job(workdir: Path, urls: Path, rate: float, batch: int, shard: int) -> dict:
     """The real encode job with the simulated actor in place of EncodeBatch; returns its summary."""
-    import pipeline.job as job
-    from schemas.encode_job import EncodeJobConfig
+    import edje.pipeline.job as job
+    from edje.schemas.encode_job import EncodeJobConfig
 
     job.EncodeBatch = simulated_encoder(rate)
     job.describe_model = lambda spec: ModelInfo(IMAGE_SIZE, "shortest", simulated_meta())
@@ -109,10 +108,10 @@ def main() -> int:
     args = p.parse_args()
 
     import ray
+    from bench_encode import make_world, uncommit
 
-    from benchmarks.bench_encode import make_world, uncommit
-    from sampleworld.server import serve_directory
-    from sampleworld.world import write_url_list
+    from edje.sampleworld.server import serve_directory
+    from edje.sampleworld.world import write_url_list
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-shaped-"))
     world = make_world(workdir, args.images, image_size=args.source_size)
@@ -140,7 +139,7 @@ def main() -> int:
               f"{r['feed_cpus_used']:15.2f} {r['feed_cpu_ms_per_image']:16.3f} {r['feed_cpus_per_1000_img_s']:20.2f}")
     print(f"[{LABEL}] " + json.dumps(out))
     if args.json:
-        from pipeline.storage import write_json
+        from edje.pipeline.storage import write_json
 
         write_json(args.json, out)
     return 0

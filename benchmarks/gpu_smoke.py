@@ -58,8 +58,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -97,7 +95,7 @@ class Smoke:
     def __init__(self, args: argparse.Namespace, work: Path):
         import torch
 
-        from model.device import pick_device
+        from edje.model.device import pick_device
 
         self.args, self.work = args, work
         self.device = pick_device(args.device)
@@ -111,10 +109,10 @@ class Smoke:
     def spec(self, adapter: Optional[str], quant: str):
         import dataclasses
 
-        from model.backbone import default_feature_layer
-        from pipeline.encode import EncoderSpec
-        from schemas.config import BackboneConfig
-        from schemas.shipped import DEFAULT_BACKBONE, shipped_weights
+        from edje.model.backbone import default_feature_layer
+        from edje.pipeline.encode import EncoderSpec
+        from edje.schemas.config import BackboneConfig
+        from edje.schemas.shipped import DEFAULT_BACKBONE, shipped_weights
 
         bb = BackboneConfig(DEFAULT_BACKBONE, shipped_weights(DEFAULT_BACKBONE), default_feature_layer(DEFAULT_BACKBONE))
         extra = {}
@@ -128,7 +126,7 @@ class Smoke:
         """(image ids, first captions, decoded uint8 images [N, S, S, 3]) of a split, as the decode stage makes them."""
         import numpy as np
 
-        from pipeline.decode import decode_image
+        from edje.model.image_decode import decode_image
 
         recs = [r for r in self.world.images if r.split == split]
         pixels = np.stack([decode_image((self.world.root / r.image).read_bytes(), size, resize_mode) for r in recs])
@@ -138,8 +136,8 @@ class Smoke:
         """EncodeBatch over the shards' images (shard id -> split), written and committed by pipeline/write.py."""
         import numpy as np
 
-        from pipeline.encode import EncodeBatch, describe_model
-        from pipeline.write import commit_shard, write_parts
+        from edje.pipeline.encode import EncodeBatch, describe_model
+        from edje.pipeline.write import commit_shard, write_parts
 
         info = describe_model(spec)
         actor = EncodeBatch(spec)
@@ -168,8 +166,8 @@ class Smoke:
         import numpy as np
         import torch
 
-        from model.backbone import VisionBackbone
-        from schemas.token_table import decode_tokens, read_token_table, vector_matrix
+        from edje.model.backbone import VisionBackbone
+        from edje.schemas.token_table import decode_tokens, read_token_table, vector_matrix
 
         table, meta = read_token_table(table_path)
         order = {x: i for i, x in enumerate(table.column("image_id").to_pylist())}
@@ -200,7 +198,7 @@ class Smoke:
 
     # -- 1. raw tables
     def encode_raw(self) -> str:
-        from sampleworld.world import WorldConfig, generate
+        from edje.sampleworld.world import WorldConfig, generate
 
         a = self.args
         self.world = generate(WorldConfig(seed=17, n_train=a.train_images, n_val=0, n_test=a.test_images,
@@ -214,14 +212,14 @@ class Smoke:
     def train(self) -> str:
         import torch
 
-        from model.edje import save_checkpoint
-        from schemas.token_table import read_token_table, vector_matrix
-        from training.config import ModelSpec, TrainJobConfig
-        from training.loop import Position, build_optimizer, learning_rate, order_rows, planned_batches, step_inputs, train_step
-        from training.mining import MinerConfig
-        from training.model_init import build_model
-        from training.objectives import EDJEObjectives
-        from training.sampler import BatchPlanner
+        from edje.model.edje import save_checkpoint
+        from edje.schemas.token_table import read_token_table, vector_matrix
+        from edje.training.config import ModelSpec, TrainJobConfig
+        from edje.training.loop import Position, build_optimizer, learning_rate, order_rows, planned_batches, step_inputs, train_step
+        from edje.training.mining import MinerConfig
+        from edje.training.model_init import build_model
+        from edje.training.objectives import EDJEObjectives
+        from edje.training.sampler import BatchPlanner
 
         check(self.raw_tables is not None, "needs the raw tables of encode-raw")
         steps = self.args.train_steps
@@ -270,9 +268,9 @@ class Smoke:
     def train_backbone(self) -> str:
         from safetensors.torch import load_file
 
-        from sampleworld.world import annotation_path
-        from schemas.shipped import DEFAULT_BACKBONE
-        from training.backbone import BackboneTrainConfig, train_backbone
+        from edje.sampleworld.world import annotation_path
+        from edje.schemas.shipped import DEFAULT_BACKBONE
+        from edje.training.backbone import BackboneTrainConfig, train_backbone
 
         check(self.world is not None, "needs the sample world of encode-raw")
         out = self.work / "backbone" / "smoke.safetensors"
@@ -288,9 +286,9 @@ class Smoke:
 
     # -- 3. compressed int8 tables
     def encode_int8(self) -> str:
-        from model.edje import load_checkpoint
-        from pipeline.encode import _load_adapter
-        from schemas.token_table import read_metadata
+        from edje.model.edje import load_checkpoint
+        from edje.pipeline.encode import _load_adapter
+        from edje.schemas.token_table import read_metadata
 
         check(self.checkpoint is not None, "needs the checkpoint of train")
         info, actor, data, tables = self.encode(self.spec(self.checkpoint, "int8"), {1: "test"}, self.work / "int8")
@@ -306,10 +304,10 @@ class Smoke:
         import numpy as np
         import torch
 
-        from evaluation.rerank_eval import EvalConfig, evaluate, score_pairs
-        from model.scoring import PairScorer
-        from sampleworld.world import annotation_path
-        from schemas.token_table import decode_tokens, read_token_table
+        from edje.evaluation.rerank_eval import EvalConfig, evaluate, score_pairs
+        from edje.model.scoring import PairScorer
+        from edje.sampleworld.world import annotation_path
+        from edje.schemas.token_table import decode_tokens, read_token_table
 
         check(self.int8_table is not None, "needs the int8 table of encode-int8")
         out = self.work / "eval"
@@ -343,13 +341,13 @@ class Smoke:
         import numpy as np
         import torch
 
-        from model.edje import load_checkpoint, read_checkpoint_config
-        from model.scoring import PairScorer
-        from sampleworld.world import annotation_path
-        from serving.first_stage import FirstStage
-        from serving.miner import Miner
-        from serving.reranker_core import PairChunk, score_chunks
-        from serving.token_store import TokenStore
+        from edje.model.edje import load_checkpoint, read_checkpoint_config
+        from edje.model.scoring import PairScorer
+        from edje.model.token_store import TokenStore
+        from edje.sampleworld.world import annotation_path
+        from edje.serving.first_stage import FirstStage
+        from edje.serving.miner import Miner
+        from edje.serving.reranker_core import PairChunk, score_chunks
 
         check(self.int8_table is not None, "needs the int8 table of encode-int8")
         store = TokenStore.load([self.int8_table], read_checkpoint_config(self.checkpoint))
@@ -498,8 +496,8 @@ def throughput_encode(args, work: Path, figures: dict) -> str:
     import numpy as np
     from bench_encode import random_adapter_checkpoint
 
-    from pipeline.encode import EncodeBatch, EncoderSpec
-    from schemas.config import BackboneConfig
+    from edje.pipeline.encode import EncodeBatch, EncoderSpec
+    from edje.schemas.config import BackboneConfig
 
     name = "ViT-L-16-SigLIP2-384"
     extra = {"compute_dtype": "bf16"} if "compute_dtype" in {f.name for f in dataclasses.fields(EncoderSpec)} else {}
@@ -533,8 +531,8 @@ def throughput_pairs(args, figures: dict) -> str:
     import torch
     from bench_serving import DTYPES, captions, encoder_config, timed
 
-    from model.device import pick_device
-    from model.joint_encoder import JointEncoder
+    from edje.model.device import pick_device
+    from edje.model.joint_encoder import JointEncoder
 
     device = pick_device(args.device)
     dtype = DTYPES[args.pairs_dtype]
@@ -563,7 +561,7 @@ def run_stage(name: str, fn: Callable[[], str], results: List[dict]) -> None:
     t = time.perf_counter()
     try:
         detail, status = fn(), "PASS"
-    except Exception as e:  # noqa: BLE001 - a stage's failure is reported and the next stage runs
+    except Exception as e:
         if not isinstance(e, Failed):
             traceback.print_exc()
         detail, status = f"{type(e).__name__}: {e}", "FAIL"

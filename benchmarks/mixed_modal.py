@@ -28,15 +28,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.recall import rerank
-from evaluation.rerank_eval import EvalConfig, image_tokens_for_encoder, score_pairs, select_rows, world_families
-from model.ranking import RankingConfig, read_ranking
-from model.recall import recall
-from model.scoring import PairScorer
-from schemas.annotations import Annotations, load_annotations
-from schemas.api import DEFAULT_IMAGE_WEIGHT
-from schemas.token_table import decode_tokens, read_token_tables
-from serving.first_stage import EmbeddingIndex, embed_texts, image_queries, load_backbone, read_image_embeddings
+from edje.evaluation.recall import rerank
+from edje.evaluation.rerank_eval import EvalConfig, image_tokens_for_encoder, score_pairs, select_rows, world_families
+from edje.model.ranking import RankingConfig, read_ranking
+from edje.model.recall import recall
+from edje.model.scoring import PairScorer
+from edje.schemas.annotations import Annotations, load_annotations
+from edje.schemas.api import DEFAULT_IMAGE_WEIGHT
+from edje.schemas.token_table import decode_tokens, read_token_tables
+from edje.serving.first_stage import EmbeddingIndex, embed_texts, image_queries, load_backbone, read_image_embeddings
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def twin_queries(ann: Annotations, families: np.ndarray, caption: int = 0) -> Li
 
 def load_split(cfg: MixedModalConfig):
     """Annotations, family ids, image ids and embeddings (the first stage's reader), tokens and their metadata."""
-    from training.launch import expand_tables
+    from edje.training.launch import expand_tables
 
     ann = load_annotations(Path(cfg.world) / f"flickr30k_{cfg.split}.json")
     world = world_families(ann)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from schemas.codecs import bytes_per_image  # noqa: E402
+from edje.schemas.codecs import bytes_per_image  # noqa: E402
 
 # variant name in results.json -> (checkpoint folder under <workdir>/ckpt, storage codec)
 VARIANTS = {

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from evaluation.probes import fit_probe  # noqa: E402
-from model.edje import load_checkpoint  # noqa: E402
-from sampleworld.scene import Scene  # noqa: E402
-from sampleworld.world import load_world  # noqa: E402
-from schemas.token_table import decode_tokens, expand_paths, read_token_tables  # noqa: E402
+from edje.evaluation.probes import fit_probe
+from edje.model.edje import load_checkpoint
+from edje.sampleworld.scene import Scene
+from edje.sampleworld.world import load_world
+from edje.schemas.token_table import decode_tokens, expand_paths, read_token_tables
 
 
 def addressed_centre(scene: Scene) -> tuple:

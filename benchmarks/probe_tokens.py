@@ -16,18 +16,17 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from evaluation.probes import run_probes  # noqa: E402
-from model.backbone import VisionBackbone  # noqa: E402
-from model.recall import embedding_recall  # noqa: E402
-from sampleworld import WorldConfig, generate, load_world  # noqa: E402
-from schemas.annotations import load_images  # noqa: E402
-from schemas.config import BackboneConfig  # noqa: E402
+from edje.evaluation.probes import run_probes
+from edje.model.backbone import VisionBackbone
+from edje.model.image_decode import load_image_files
+from edje.model.recall import embedding_recall
+from edje.sampleworld import WorldConfig, generate, load_world
+from edje.schemas.config import BackboneConfig
 
 # What a backbone must give for EDJE to rerank with it.
 THRESHOLDS = {"colour_present": 98.0, "local_colour": 98.0, "shape_present": 95.0, "local_shape": 90.0}
@@ -37,7 +36,7 @@ THRESHOLDS = {"colour_present": 98.0, "local_colour": 98.0, "shape_present": 95.
 def encode_split(backbone: VisionBackbone, world, split: str, limit: int, batch: int = 256) -> tuple:
     """(tokens [N, n, d], pooled [N, e], scenes) of the first ``limit`` images of ``split``."""
     records = [r for r in world.images if r.split == split][:limit]
-    pixels = load_images([world.image_path(r.image_id) for r in records])
+    pixels = load_image_files([world.image_path(r.image_id) for r in records])
     toks, embs = [], []
     for i in range(0, len(pixels), batch):
         t, e = backbone.encode(torch.from_numpy(pixels[i:i + batch]))

@@ -9,21 +9,19 @@ multi-label head on a sample world's train images and prints held-out accuracy e
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import open_clip
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import open_clip  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import model.backbone  # noqa: E402,F401  registers the project's configs
-from evaluation.probes import presence_labels  # noqa: E402
-from schemas.annotations import load_annotations, load_images  # noqa: E402
-from training.backbone import image_size, preprocess, world_records  # noqa: E402
+import edje.model.backbone  # noqa: F401  registers the project's configs
+from edje.evaluation.probes import presence_labels
+from edje.model.image_decode import load_image_files
+from edje.schemas.annotations import load_annotations
+from edje.training.backbone import image_size, preprocess, world_records
 
 
 def pooled_features(visual: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +47,7 @@ def main(argv=None) -> None:
     clip = open_clip.create_model(a.model)
     ann = load_annotations(Path(a.world) / "flickr30k_train.json")
     _, scenes = world_records(str(Path(a.world) / "world.json"), ann.image_ids)
-    x = preprocess(clip, load_images(ann.image_paths, image_size(clip)))
+    x = preprocess(clip, load_image_files(ann.image_paths, image_size(clip)))
     y = torch.tensor(np.hstack([presence_labels(scenes, "shape"), presence_labels(scenes, "colour")]), dtype=torch.float32)
     visual = clip.visual
     with torch.no_grad():

@@ -19,13 +19,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
-from model.device import pick_device
-from model.edje import read_checkpoint_config
-from model.scoring import PairScorer
-from model.token_encoder import EncodedImages, TokenEncoder
-from schemas.config import BackboneConfig, CodecConfig, EDJEConfig, from_dict
-from schemas.shipped import REPO_ROOT
-from schemas.token_table import TableMetadata
+from edje.model.device import pick_device
+from edje.model.edje import read_checkpoint_config
+from edje.model.scoring import PairScorer
+from edje.model.token_encoder import EncodedImages, TokenEncoder
+from edje.schemas.config import BackboneConfig, CodecConfig, EDJEConfig, from_dict
+from edje.schemas.shipped import REPO_ROOT
+from edje.schemas.token_table import TableMetadata
 
 # What a document may be: an image (PIL, bytes, a file path, an http(s) url) or an id of an opened token table.
 Document = Union[Image.Image, bytes, str, os.PathLike]
@@ -86,7 +86,7 @@ class EDJEReranker:
 
     def encode_images(self, images: Sequence[Document], batch_size: int = 64) -> EncodedImages:
         """Images (PIL, paths, urls, bytes) -> stored-token rows: the bytes the encode job writes for them."""
-        from pipeline.decode import decode_image
+        from edje.model.image_decode import decode_image
 
         pp = self.encoder.backbone.preprocess
         parts = []
@@ -102,7 +102,7 @@ class EDJEReranker:
 
     def open_tables(self, paths: Sequence[str]) -> "EDJEReranker":
         """Open compressed token tables (the encode job's output for this checkpoint): their ids become documents."""
-        from serving.token_store import TokenStore
+        from edje.model.token_store import TokenStore
 
         self._tables = TokenStore.load(list(paths), read_checkpoint_config(self.path))
         return self

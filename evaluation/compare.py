@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from schemas.codecs import bytes_per_image
+from edje.schemas.codecs import bytes_per_image
 
 TWIN_KINDS = ("colour", "shape", "size", "relation")
 KS = ("r1", "r5", "r10")

@@ -5,7 +5,7 @@ e.g. of `jobs/quickstart.py --seed S` on a world seed no run used) under "evalua
 with the command that produced them; the card is then rendered from config.json alone, so a test can
 check that every shipped card says what its checkpoint records.
 
-  python -m evaluation.model_card checkpoints/edje-c16-bind \
+  python -m edje.evaluation.model_card checkpoints/edje-c16-bind \
       --add-eval "seed 913=runs/qs913/eval/metrics.json" --eval-command "jobs/quickstart.py --seed 913"
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from model.ranking import RankingConfig
-from schemas.codecs import bytes_per_image
+from edje.model.ranking import RankingConfig
+from edje.schemas.codecs import bytes_per_image
 
 CARD = "README.md"
 KINDS = ("colour", "shape", "size", "relation")

@@ -17,7 +17,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from sampleworld.scene import COLOURS, SHAPES, Scene
+from edje.sampleworld.scene import COLOURS, SHAPES, Scene
 
 ALPHAS = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
 

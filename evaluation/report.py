@@ -7,11 +7,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on workers or CI
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from PIL import Image
 
-from schemas.annotations import Annotations  # noqa: E402
+from edje.schemas.annotations import Annotations
 
 TOP = 5
 

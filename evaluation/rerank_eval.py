@@ -18,22 +18,22 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.calibration import calibration_report, fit_platt
-from evaluation.recall import rerank, within_group_accuracy
-from evaluation.scene_pairs import KINDS as TWIN_KINDS
-from evaluation.scene_pairs import pairs_by_scene
-from model.backbone import VisionBackbone
-from model.device import pick_device
-from model.edje import load_checkpoint
-from model.embedding_index import EmbeddingIndex
-from model.ranking import RankingConfig, read_ranking, write_ranking
-from model.recall import KS, i2t_answers, recall, t2i_answers
-from model.scoring import PairScorer
-from sampleworld.scene import Scene
-from schemas.annotations import Annotations, load_annotations
-from schemas.codecs import TokenCodec
-from schemas.config import CodecConfig
-from schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
+from edje.evaluation.calibration import calibration_report, fit_platt
+from edje.evaluation.recall import rerank, within_group_accuracy
+from edje.evaluation.scene_pairs import KINDS as TWIN_KINDS
+from edje.evaluation.scene_pairs import pairs_by_scene
+from edje.model.backbone import VisionBackbone
+from edje.model.device import pick_device
+from edje.model.edje import load_checkpoint
+from edje.model.embedding_index import EmbeddingIndex
+from edje.model.ranking import RankingConfig, read_ranking, write_ranking
+from edje.model.recall import KS, i2t_answers, recall, t2i_answers
+from edje.model.scoring import PairScorer
+from edje.sampleworld.scene import Scene
+from edje.schemas.annotations import Annotations, load_annotations
+from edje.schemas.codecs import TokenCodec
+from edje.schemas.config import CodecConfig
+from edje.schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "metrics.md").write_text(markdown_table(metrics, cfg, len(ann.captions), ann.num_images))
-    from evaluation.report import example_grid
+    from edje.evaluation.report import example_grid
     example_grid(ann, t2i, out / "examples.png", cfg.examples, reranked=not cfg.backbone_only)
     timings["total_s"] = round(time.time() - t0, 2)
     run = {"config": asdict(cfg), "table": asdict(meta), "queries": {"t2i": len(ann.captions), "i2t": ann.num_images},

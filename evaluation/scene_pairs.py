@@ -14,8 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from sampleworld.grounding import bare
-from sampleworld.scene import Scene
+from edje.sampleworld.grounding import bare
+from edje.sampleworld.scene import Scene
 
 KINDS = ("colour", "shape", "size", "relation", "two swaps")
 _ATTRIBUTES = ("colour", "shape", "size")

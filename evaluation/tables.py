@@ -6,7 +6,7 @@ exists for annotation files whose images are already on disk, and can write one 
 a diagnostic ceiling) in place of the backbone's; embeddings stay the backbone's, so the first
 stage is unchanged, and the metadata names the token source so no job mistakes one for the other.
 
-  python -m evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-convvit \
+  python -m edje.evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-convvit \
       --pretrained checkpoints/edje-tiny-convvit-sw.safetensors --output runs/test_raw.parquet
 """
 from __future__ import annotations
@@ -18,15 +18,16 @@ import fsspec
 import numpy as np
 import torch
 
-from model.backbone import VisionBackbone, default_feature_layer
-from model.token_encoder import TokenEncoder
-from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
-from sampleworld.world import load_world
-from schemas.annotations import load_annotations, load_images
-from schemas.config import BackboneConfig, CodecConfig
-from schemas.shipped import shipped_weights
-from schemas.token_table import TableMetadata, build_table, write_token_table
-from schemas.weights import weights_sha256
+from edje.model.backbone import VisionBackbone, default_feature_layer
+from edje.model.image_decode import load_image_files
+from edje.model.token_encoder import TokenEncoder
+from edje.sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
+from edje.sampleworld.world import load_world
+from edje.schemas.annotations import load_annotations
+from edje.schemas.config import BackboneConfig, CodecConfig
+from edje.schemas.shipped import shipped_weights
+from edje.schemas.token_table import TableMetadata, build_table, write_token_table
+from edje.schemas.weights import weights_sha256
 
 
 def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
@@ -46,7 +47,7 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
     encoder = TokenEncoder(backbone, None, CodecConfig("fp16"), torch.device("cpu"))
     tokens, embs = [], []
     for i in range(0, ann.num_images, batch_size):
-        t, e = encoder.tokens(torch.from_numpy(load_images(ann.image_paths[i:i + batch_size])))
+        t, e = encoder.tokens(torch.from_numpy(load_image_files(ann.image_paths[i:i + batch_size])))
         tokens.append(t.numpy())
         embs.append(e.numpy())
     tokens, embs = np.concatenate(tokens), np.concatenate(embs)

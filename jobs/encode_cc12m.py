@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 # Runs as a script (python jobs/encode_cc12m.py, ray job submit): make the repo importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from schemas.encode_job import EncodeJobConfig  # noqa: E402
-from schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS, shipped_weights  # noqa: E402
+from edje.schemas.encode_job import EncodeJobConfig
+from edje.schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS, shipped_weights
 
 
 class WeightsError(ValueError):
@@ -126,7 +124,7 @@ def config_from_args(argv=None) -> EncodeJobConfig:
 def main(argv=None) -> int:
     """Run the job; exit status 0 when every shard is committed, 1 otherwise (rerun to finish)."""
     cfg = config_from_args(argv)
-    from pipeline.job import IncompleteJobError, run_encode_job
+    from edje.pipeline.job import IncompleteJobError, run_encode_job
 
     try:
         run_encode_job(cfg)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script under `ray job submit`
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,12 +53,12 @@ def main(argv=None) -> None:
                    "written as comparison.md/json to --output")
     a = p.parse_args(argv)
     if a.compare:
-        from evaluation.compare import compare, markdown
+        from edje.evaluation.compare import compare, markdown
         print(markdown(compare(a.compare, a.output)))
         return
     if not a.annotations or not a.tokens:
         p.error("--annotations and --tokens are required (unless --compare)")
-    from evaluation.rerank_eval import EvalConfig, evaluate  # here: --compare needs neither torch models nor FAISS
+    from edje.evaluation.rerank_eval import EvalConfig, evaluate  # here: --compare needs neither torch models nor FAISS
     cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
                      backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity,
                      fit_first_stage_weight=a.fit_first_stage_weight,

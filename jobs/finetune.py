@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from training.launch import main  # noqa: E402
+from edje.training.launch import main as launch
 
 
 def _require_init(cfg, args):
@@ -22,5 +20,10 @@ def _require_init(cfg, args):
     return cfg
 
 
+def main(argv=None) -> None:
+    """Run the job on ``argv`` (default: the command line)."""
+    launch(sys.argv[1:] if argv is None else list(argv), __doc__.splitlines()[0], lr=2e-5, objectives=("itm",), adjust=_require_init)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:], __doc__.splitlines()[0], lr=2e-5, objectives=("itm",), adjust=_require_init)
+    main()

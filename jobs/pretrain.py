@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script under `ray job submit`
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from training.config import PRETRAIN_OBJECTIVES  # noqa: E402
-from training.launch import main  # noqa: E402
+from edje.training.config import PRETRAIN_OBJECTIVES
+from edje.training.launch import main as launch
+
+
+def main(argv=None) -> None:
+    """Run the job on ``argv`` (default: the command line)."""
+    launch(sys.argv[1:] if argv is None else list(argv), __doc__.splitlines()[0], lr=3e-4, objectives=PRETRAIN_OBJECTIVES)
+
 
 if __name__ == "__main__":
-    main(sys.argv[1:], __doc__.splitlines()[0], lr=3e-4, objectives=PRETRAIN_OBJECTIVES)
+    main()

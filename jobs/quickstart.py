@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
+from edje.schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
 
 BACKBONE = DEFAULT_BACKBONE
 BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
@@ -76,13 +75,13 @@ def run(cfg: QuickstartConfig) -> dict:
     import requests
     from ray import serve
 
-    from evaluation.rerank_eval import EvalConfig, evaluate
-    from pipeline.job import run_encode_job
-    from sampleworld import WorldConfig, generate
-    from sampleworld.server import serve_directory
-    from schemas.encode_job import EncodeJobConfig
-    from serving.app import build
-    from serving.config import ServeConfig
+    from edje.evaluation.rerank_eval import EvalConfig, evaluate
+    from edje.pipeline.job import run_encode_job
+    from edje.sampleworld import WorldConfig, generate
+    from edje.sampleworld.server import serve_directory
+    from edje.schemas.encode_job import EncodeJobConfig
+    from edje.serving.app import build
+    from edje.serving.config import ServeConfig
 
     t0 = time.time()
     out = (ROOT / cfg.output).resolve() if not os.path.isabs(cfg.output) else Path(cfg.output)
@@ -202,7 +201,7 @@ def wait_for_interrupt(base: str, query: str) -> None:
 
 def test_url_list(world: Path, base_url: str, path: Path, limit: Optional[int]) -> Path:
     """CC12M-style url list of the test split (or its first `limit` images)."""
-    from sampleworld import url_rows
+    from edje.sampleworld import url_rows
 
     rows = url_rows(world, base_url, splits=("test",))[:limit]
     cols = ("url", "caption", "image_id")  # captions hold no tabs or newlines (the world guarantees it)
@@ -222,7 +221,7 @@ def annotations(world: Path, limit: Optional[int]) -> Path:
 
 def rerank_request(world: Path, limit: Optional[int]):
     """A test caption, its image's family (the attribute-swapped twins) plus other images, and the answer."""
-    from sampleworld import load_world
+    from edje.sampleworld import load_world
 
     manifest = load_world(world)
     test = [r for r in manifest.images if r.split == "test"][:limit]

@@ -24,14 +24,13 @@ from typing import List, Optional
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from serving.config import DeploymentResources, ServeConfig  # noqa: E402
+from edje.serving.config import DeploymentResources, ServeConfig
 
 
 def expand(paths: List[str]) -> List[str]:
     """Files, folders or globs on any fsspec filesystem (s3://.../part-*.parquet), keeping the protocol."""
-    from schemas.token_table import expand_paths
+    from edje.schemas.token_table import expand_paths
 
     return expand_paths(paths)
 
@@ -129,8 +128,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Deploy, wait for health (retrying a failed start), print where it listens."""
-    from serving.app import build
-    from serving.startup import ServeStartError, StartupConfig, init_ray, start_serve
+    from edje.serving.app import build
+    from edje.serving.startup import ServeStartError, StartupConfig, init_ray, start_serve
 
     args = parse(argv)
     cfg = config_from_args(args)

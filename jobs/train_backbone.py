@@ -11,9 +11,9 @@ import os
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from training.backbone import BackboneTrainConfig, train_backbone  # noqa: E402
+from edje.training.backbone import BackboneTrainConfig, train_backbone
 
 
 def main(argv=None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from schemas.config import AdapterConfig
+from edje.schemas.config import AdapterConfig
 
 
 def grid_position(num_tokens: int, width: int) -> torch.Tensor:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schemas.config import BackboneConfig
-from schemas.weights import check_weights
+from edje.schemas.config import BackboneConfig
+from edje.schemas.weights import check_weights
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 open_clip.add_model_config(CONFIG_DIR)
@@ -80,13 +80,13 @@ def _register_timm_models() -> None:
                     embed_layer=ConvStemPatchEmbed)
 
     @register_model
-    def vit_edje_tiny_convstem_128(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
+    def vit_edje_tiny_convstem_128(pretrained: bool = False, **kwargs) -> VisionTransformer:
         """The same ViT over a 4-stage convolutional stem at the sample world's native 128 px: still
         64 tokens (8 x 8 grid), but a small object spans 19 px instead of 10 when the stem sees it."""
         return build(dict(img_size=128, patch_size=16, **convstem), kwargs)
 
     @register_model
-    def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
+    def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:
         """A 4-layer ViT over a convolutional stem: 64 tokens (8 x 8 grid) of 128 channels, mean-pooled.
 
         The stem's 3x3 convolutions see the outline of a 10-pixel object that one 8 x 8 patch
@@ -94,7 +94,7 @@ def _register_timm_models() -> None:
         return build(dict(img_size=64, patch_size=8, **convstem), kwargs)
 
     @register_model
-    def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:  # noqa: ARG001
+    def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:
         return build(dict(img_size=64, patch_size=8, embed_dim=96, depth=2, num_heads=2, class_token=False,
                           global_pool="map", fc_norm=False), kwargs)
 

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load, save
 from torch import nn
 
-from model.adapters import build_adapter
-from model.joint_encoder import JointEncoder
-from schemas.config import EDJEConfig, from_dict, to_json
+from edje.model.adapters import build_adapter
+from edje.model.joint_encoder import JointEncoder
+from edje.schemas.config import EDJEConfig, from_dict, to_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

@@ -145,7 +145,7 @@ def _on_gpu(index, device: Optional[torch.device]):
             return index
         gpu = torch.device(device).index or 0
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, index)
-    except Exception as e:  # noqa: BLE001 - an index type without a GPU version: stay on the CPU
+    except Exception as e:
         log.warning("faiss index stays on the CPU: %s", e)
         return index
 

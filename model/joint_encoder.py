@@ -22,9 +22,9 @@ from torch import nn
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertPooler
 
-from model import wordpieces
-from model.relation_roles import NUM_ROLES, role_matrix, word_starts
-from schemas.config import JointEncoderConfig
+from edje.model import wordpieces
+from edje.model.relation_roles import NUM_ROLES, role_matrix, word_starts
+from edje.schemas.config import JointEncoderConfig
 
 
 @dataclass

@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from sampleworld.grounding import bare as _bare
-from sampleworld.grounding import noun_phrases as _noun_phrases
+from edje.sampleworld.grounding import bare as _bare
+from edje.sampleworld.grounding import noun_phrases as _noun_phrases
 
 MAX_RELATIONS = 2
 NUM_ROLES = 3 * MAX_RELATIONS  # (relation, subject, object) for each relation of a caption

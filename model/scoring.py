@@ -11,10 +11,10 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import torch
 
-from model.device import pick_device
-from model.edje import EDJEModel, load_checkpoint
-from model.ranking import RankingConfig, read_ranking
-from schemas.token_table import TableMetadata, TableMismatchError
+from edje.model.device import pick_device
+from edje.model.edje import EDJEModel, load_checkpoint
+from edje.model.ranking import RankingConfig, read_ranking
+from edje.schemas.token_table import TableMetadata, TableMismatchError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -12,9 +12,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from model.backbone import VisionBackbone
-from schemas.codecs import TokenCodec
-from schemas.config import BackboneConfig, CodecConfig
+from edje.model.backbone import VisionBackbone
+from edje.schemas.codecs import TokenCodec
+from edje.schemas.config import BackboneConfig, CodecConfig
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

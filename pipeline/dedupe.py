@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.reasons import DUPLICATE_IMAGE_ID, DUPLICATE_URL
-from pipeline.validate import MAX_EXAMPLES, Drops
+from edje.pipeline.reasons import DUPLICATE_IMAGE_ID, DUPLICATE_URL
+from edje.pipeline.validate import MAX_EXAMPLES, Drops
 
 IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 HASH = "_hash"  # column of a bucket file: string_hash of its key, so the bucket is sorted by integers

@@ -19,10 +19,10 @@ from typing import Dict, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import storage
-from pipeline.decode import OK, PilResizer
-from pipeline.plan import read_shard_input
-from pipeline.reasons import DOWNLOAD_ERROR, classify_download_error, split_reason
+from edje.pipeline import storage
+from edje.pipeline.decode import OK, PilResizer
+from edje.pipeline.plan import read_shard_input
+from edje.pipeline.reasons import DOWNLOAD_ERROR, classify_download_error, split_reason
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # img2dataset imports albumentations, which phones home
 

@@ -17,13 +17,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from model.backbone import default_feature_layer
-from model.device import pick_device
-from model.token_encoder import COMPUTE_DTYPES
-from schemas.config import BackboneConfig, CodecConfig, from_dict
-from schemas.shipped import DEFAULT_BACKBONE
-from schemas.token_table import TableMetadata
-from schemas.weights import weights_sha256
+from edje.model.backbone import default_feature_layer
+from edje.model.device import pick_device
+from edje.model.token_encoder import COMPUTE_DTYPES
+from edje.schemas.config import BackboneConfig, CodecConfig, from_dict
+from edje.schemas.shipped import DEFAULT_BACKBONE
+from edje.schemas.token_table import TableMetadata
+from edje.schemas.weights import weights_sha256
 
 OK = "ok"
 
@@ -61,8 +61,8 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
     if not adapter:
         name = name or DEFAULT_BACKBONE
         return BackboneConfig(name, pretrained, feature_layer or default_feature_layer(name))
-    from model.edje import read_checkpoint_config
-    from schemas.config import EDJEConfig
+    from edje.model.edje import read_checkpoint_config
+    from edje.schemas.config import EDJEConfig
 
     ck = from_dict(EDJEConfig, read_checkpoint_config(adapter)["config"]).backbone
     for flag, value, want in (("--backbone", name, ck.name), ("--pretrained", pretrained, ck.pretrained),
@@ -86,7 +86,7 @@ def _same_weights(given: Optional[str], recorded: Optional[str]) -> bool:
 
 def describe_model(spec: EncoderSpec) -> ModelInfo:
     """Build the model once (on CPU) to learn its input size and the output table's metadata."""
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
 
     backbone = VisionBackbone.create(spec.backbone)
     n, d = backbone.token_shape
@@ -109,7 +109,7 @@ def describe_model(spec: EncoderSpec) -> ModelInfo:
 
 
 def _load_adapter(path: str):
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
 
     model = load_checkpoint(path)
     adapter = model.adapter.eval().requires_grad_(False)
@@ -120,7 +120,7 @@ class EncodeBatch:
     """Ray Data callable class: decoded images -> quantized token blobs + embeddings (pyarrow)."""
 
     def __init__(self, spec: EncoderSpec):
-        from model.token_encoder import TokenEncoder
+        from edje.model.token_encoder import TokenEncoder
 
         started = time.time()
         threads = spec.torch_threads or _assigned_cpus()
@@ -183,6 +183,6 @@ def _assigned_cpus() -> int:
         if not ray.is_initialized():  # asking the runtime context would start a local Ray instance
             raise RuntimeError("not in Ray")
         return int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)) or 1
-    except Exception:  # noqa: BLE001 - not inside a Ray worker
+    except Exception:
         return int(os.environ.get("OMP_NUM_THREADS", "1"))
 

@@ -21,16 +21,16 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
-from pipeline import storage
-from pipeline.decode import decode_batch
-from pipeline.download import DownloadConfig, download_rows
-from pipeline.encode import EncodeBatch, EncoderSpec, describe_model, resolve_backbone
-from pipeline.manifest import committed_shards, load_manifest, save_run
-from pipeline.plan import input_file
-from pipeline.resume import plan_job
-from pipeline.summary import build_summary
-from pipeline.write import commit_shard, write_parts
-from schemas.encode_job import EncodeJobConfig
+from edje.pipeline import storage
+from edje.pipeline.decode import decode_batch
+from edje.pipeline.download import DownloadConfig, download_rows
+from edje.pipeline.encode import EncodeBatch, EncoderSpec, describe_model, resolve_backbone
+from edje.pipeline.manifest import committed_shards, load_manifest, save_run
+from edje.pipeline.plan import input_file
+from edje.pipeline.resume import plan_job
+from edje.pipeline.summary import build_summary
+from edje.pipeline.write import commit_shard, write_parts
+from edje.schemas.encode_job import EncodeJobConfig
 
 # CPU shares of the light stages. On a 2-CPU node one encoder actor takes a whole CPU; the
 # download/decode tasks and the part writer must still fit beside it or the pipeline stalls.
@@ -138,14 +138,14 @@ def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, i
             counts[sid] += int(rec["rows"])
             if counts[sid] >= expected[sid] and sid not in futures:
                 futures[sid] = commit.options(**renv).remote(output, sid, list(parts[sid]), expected[sid], meta_json)
-    except Exception as e:  # noqa: BLE001 - commit what is complete, report the rest, let a rerun finish
+    except Exception as e:
         errors.append(f"pipeline: {type(e).__name__}: {str(e)[:500]}")
         print(f"[encode] pipeline failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     committed = {}
     for sid, fut in futures.items():
         try:
             committed[sid] = ray.get(fut)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(f"shard {sid}: {type(e).__name__}: {str(e)[:300]}")
     flow_ops = _operator_seconds(ds)
     window = marks["encode_end"] - marks["encode_start"]
@@ -172,7 +172,7 @@ def _operator_seconds(ds) -> Dict[str, Dict[str, float]]:
             todo.extend(summary.parents)
         return {o.operator_name: {"cpu_s": round(o.cpu_time.sum, 3), "wall_s": round(o.wall_time.sum, 3),
                                   "tasks": int(o.wall_time.count)} for o in ops if o.cpu_time is not None}
-    except Exception:  # noqa: BLE001 - a profile, never a reason to fail the job
+    except Exception:
         return {}
 
 
@@ -231,8 +231,8 @@ def _input_list(cfg: EncodeJobConfig, output: str) -> Iterator[Tuple[str, Option
         entries = [cfg.input] if isinstance(cfg.input, str) else list(cfg.input)
         yield tuple(storage.absolute(e) for e in entries), None
         return
-    from sampleworld.server import serve_directory
-    from sampleworld.world import WorldConfig, generate, write_url_list
+    from edje.sampleworld.server import serve_directory
+    from edje.sampleworld.world import WorldConfig, generate, write_url_list
 
     world_dir = Path(cfg.world_dir or default_world_dir(cfg.world_images))
     if not (world_dir / "world.json").exists():

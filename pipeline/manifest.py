@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Set
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import storage
+from edje.pipeline import storage
 
 MANIFEST_VERSION = 2
 

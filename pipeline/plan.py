@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import storage
-from pipeline.dedupe import IPC_OPTIONS, DuplicateFinder, drop_rows, iter_spill
-from pipeline.reasons import MALFORMED_ROW
-from pipeline.url_source import InputFile, Malformed, ReadOptions, estimate_rows, iter_batches
-from pipeline.validate import Drops, split_counts, validate_batch
+from edje.pipeline import storage
+from edje.pipeline.dedupe import IPC_OPTIONS, DuplicateFinder, drop_rows, iter_spill
+from edje.pipeline.reasons import MALFORMED_ROW
+from edje.pipeline.url_source import InputFile, Malformed, ReadOptions, estimate_rows, iter_batches
+from edje.pipeline.validate import Drops, split_counts, validate_batch
 
 SHARD_COLUMNS = ("image_id", "url", "caption")
 

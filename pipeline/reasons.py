@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import re
 
+# Image problems (the one decoder, run inside img2dataset's worker and again before encoding).
+from edje.model.image_decode import (  # noqa: F401  part of this vocabulary
+    DECODE_ERROR,
+    DECOMPRESSION_BOMB,
+    IMAGE_REASONS,
+    NOT_AN_IMAGE,
+    TRUNCATED_IMAGE,
+)
+
 # Row-level problems found while reading the url list (before any download).
 MALFORMED_ROW = "malformed_row"  # wrong field count, missing or unusable url / image id
 EMPTY_CAPTION = "empty_caption"
@@ -21,14 +30,8 @@ CONNECTION_ERROR = "connection_error"  # refused, reset, unknown host, closed wi
 DISALLOWED = "disallowed"  # X-Robots-Tag noai / noindex
 DOWNLOAD_ERROR = "download_error"  # anything else while fetching
 
-# Image problems (our decoder, run inside img2dataset's worker and again before encoding).
-NOT_AN_IMAGE = "not_an_image"
-TRUNCATED_IMAGE = "truncated_image"
-DECOMPRESSION_BOMB = "decompression_bomb"  # more pixels than --max-image-pixels
-DECODE_ERROR = "decode_error"
 
 READ_REASONS = (MALFORMED_ROW, EMPTY_CAPTION, CAPTION_NOT_UTF8, DUPLICATE_URL, DUPLICATE_IMAGE_ID)
-IMAGE_REASONS = (NOT_AN_IMAGE, TRUNCATED_IMAGE, DECOMPRESSION_BOMB, DECODE_ERROR)
 ALL_REASONS = READ_REASONS + (HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, DISALLOWED, DOWNLOAD_ERROR) + IMAGE_REASONS
 
 _HTTP = re.compile(r"HTTP Error \d{3}")

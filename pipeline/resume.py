@@ -13,10 +13,10 @@ from typing import Dict, Optional, Tuple
 
 import pyarrow as pa
 
-from pipeline.manifest import JobManifest, load_manifest, load_plan, save_manifest
-from pipeline.plan import PlanConfig, plan_input
-from pipeline.url_source import ReadOptions, expand_inputs, fingerprint
-from schemas.encode_job import EncodeJobConfig
+from edje.pipeline.manifest import JobManifest, load_manifest, load_plan, save_manifest
+from edje.pipeline.plan import PlanConfig, plan_input
+from edje.pipeline.url_source import ReadOptions, expand_inputs, fingerprint
+from edje.schemas.encode_job import EncodeJobConfig
 
 
 def plan_job(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int], meta: Dict,

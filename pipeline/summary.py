@@ -5,9 +5,9 @@ import json
 from collections import Counter
 from typing import Dict, List, Set
 
-from pipeline import storage
-from pipeline.manifest import JobManifest
-from pipeline.write import stats_path
+from edje.pipeline import storage
+from edje.pipeline.manifest import JobManifest
+from edje.pipeline.write import stats_path
 
 
 def read_stats(output: str, shard_ids: List[int]) -> Dict[int, Dict]:
@@ -38,7 +38,7 @@ def build_summary(output: str, manifest: JobManifest, run: Dict, committed: Set[
             examples[reason] += ex[: max(0, 5 - len(examples[reason]))]
     seconds = max(run["seconds"], 1e-9)
     meta = manifest.table_metadata
-    from schemas.token_table import TableMetadata
+    from edje.schemas.token_table import TableMetadata
 
     return {
         "output": output,

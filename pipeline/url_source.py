@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline.storage import url_to_fs
+from edje.pipeline.storage import url_to_fs
 
 LIST_SUFFIXES = (".parquet", ".pq", ".tsv", ".csv", ".txt")
 COMPRESSIONS = (".gz", ".bz2", ".zst", ".xz")

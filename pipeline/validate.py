@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.reasons import CAPTION_NOT_UTF8, EMPTY_CAPTION, MALFORMED_ROW
+from edje.pipeline.reasons import CAPTION_NOT_UTF8, EMPTY_CAPTION, MALFORMED_ROW
 
 MAX_EXAMPLES = 5
 

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import storage
-from pipeline.decode import OK
-from schemas.token_table import TableMetadata, build_table_from_blobs, write_token_table
+from edje.pipeline import storage
+from edje.pipeline.decode import OK
+from edje.schemas.token_table import TableMetadata, build_table_from_blobs, write_token_table
 
 # When the encoder worked and when its actor was built; each part reports the earliest start and latest end.
 TIMING_COLUMNS = ("encode_start", "encode_end", "actor_init_start", "actor_init_end")

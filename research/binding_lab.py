@@ -8,28 +8,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script from the repository root
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from evaluation.scene_pairs import side_of  # noqa: E402
-from model.relation_roles import NUM_ROLES, role_matrix  # noqa: E402
-from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article  # noqa: E402
-from sampleworld.scene import Scene  # noqa: E402
-from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer  # noqa: E402
-from sampleworld.world import WorldConfig, sample_records  # noqa: E402
-from schemas.token_table import TableMetadata  # noqa: E402
-from training.config import ModelSpec  # noqa: E402
-from training.losses import itm_loss  # noqa: E402
-from training.model_init import build_model  # noqa: E402
+from edje.evaluation.scene_pairs import side_of
+from edje.model.relation_roles import NUM_ROLES, role_matrix
+from edje.sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS, article
+from edje.sampleworld.scene import Scene
+from edje.sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
+from edje.sampleworld.world import WorldConfig, sample_records
+from edje.schemas.token_table import TableMetadata
+from edje.training.config import ModelSpec
+from edje.training.losses import itm_loss
+from edje.training.model_init import build_model
 
 
 def group_vocab(tokenizer):
@@ -402,7 +398,7 @@ def main():
             if cfg.pos_curriculum:
                 from dataclasses import replace as _replace
 
-                from sampleworld.captions import SIDE
+                from edje.sampleworld.captions import SIDE
                 offs = {"left_of": (-0.25, 0.0), "right_of": (0.25, 0.0), "above": (0.0, -0.25), "below": (0.0, 0.25)}
                 sides = [list(offs)[int(rng.integers(4))] for _ in objs]
                 objs = [_replace(o, center=(0.5 + offs[sd][0] + float(rng.uniform(-0.05, 0.05)),
@@ -412,8 +408,8 @@ def main():
         elif step <= cfg.single_steps + cfg.pos2_steps:
             # middle stage: each of two objects named with its own side ("a red circle on the left and a blue
             # square on the right"), from the scene's first relation; one-object scenes keep their caption
-            from sampleworld.captions import SIDE
-            from sampleworld.scene import INVERSE
+            from edje.sampleworld.captions import SIDE
+            from edje.sampleworld.scene import INVERSE
 
             def named(o):
                 return article(f"{pick_word(SIZE_WORDS[o.size])} {pick_word(COLOUR_WORDS[o.colour])} "

@@ -11,26 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def main(argv=None) -> None:
     """Time both rerankers over the same pairs and print one JSON line."""
-    from evaluation.rerank_eval import first_stage, score_pairs, select_rows
-    from model.scoring import PairScorer
-    from research.elip_eval import caption_embeddings, first_captions, image_inputs, rerank_scores, table_embeddings
-    from research.elip_model import load_elip
-    from schemas.annotations import load_annotations
-    from schemas.token_table import decode_tokens, expand_paths, read_token_tables
+    from edje.evaluation.rerank_eval import first_stage, score_pairs, select_rows
+    from edje.model.scoring import PairScorer
+    from edje.research.elip_eval import caption_embeddings, first_captions, image_inputs, rerank_scores, table_embeddings
+    from edje.research.elip_model import load_elip
+    from edje.schemas.annotations import load_annotations
+    from edje.schemas.token_table import decode_tokens, expand_paths, read_token_tables
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--elip", required=True)

@@ -7,7 +7,7 @@ and re-ranked by ELIP's cosine. Besides recall and within-family accuracy the re
 cost: k backbone passes per query (the transformer blocks; the conv stem and patch/position embedding
 do not depend on the query and run once per image), and pairs/s on this machine.
 
-  python -m research.elip_eval --checkpoint runs/elip --annotations runs/quickstart57/world/flickr30k_test.json \
+  python -m edje.research.elip_eval --checkpoint runs/elip --annotations runs/quickstart57/world/flickr30k_test.json \
       --tokens runs/quickstart57/compressed-int8/tables --max-queries-per-image 1 --output runs/elip/eval57
 """
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from evaluation.recall import rerank, within_group_accuracy
-from evaluation.rerank_eval import first_stage, select_rows, world_families
-from evaluation.scene_pairs import pairs_by_scene
-from model.recall import KS, recall, t2i_answers
-from research.elip_model import ELIPReranker, encode_prompted, load_elip
-from schemas.annotations import Annotations, load_annotations, load_images
+from edje.evaluation.recall import rerank, within_group_accuracy
+from edje.evaluation.rerank_eval import first_stage, select_rows, world_families
+from edje.evaluation.scene_pairs import pairs_by_scene
+from edje.model.image_decode import load_image_files
+from edje.model.recall import KS, recall, t2i_answers
+from edje.research.elip_model import ELIPReranker, encode_prompted, load_elip
+from edje.schemas.annotations import Annotations, load_annotations
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def image_inputs(model: ELIPReranker, paths: Sequence[Path], batch: int = 128) -
     size = model.backbone.preprocess.size
     tokens, embs = [], []
     for i in range(0, len(paths), batch):
-        t = model.patch_tokens(torch.from_numpy(load_images(paths[i:i + batch], size)))
+        t = model.patch_tokens(torch.from_numpy(load_image_files(paths[i:i + batch], size)))
         tokens.append(t)
         embs.append(encode_prompted(model.backbone, t, None))
     return torch.cat(tokens), torch.cat(embs)
@@ -130,8 +131,8 @@ def evaluate_reranking(model: ELIPReranker, ann: Annotations, image_emb: np.ndar
 def table_embeddings(ann: Annotations, paths: Sequence[str], model: ELIPReranker) -> np.ndarray:
     """The tables' pooled image embedding of each annotation image (the first stage EDJE's evaluation uses);
     ValueError when the tables were embedded by another backbone than the ELIP model's."""
-    from schemas.token_table import expand_paths, read_token_tables, vector_matrix
-    from schemas.weights import check_weights
+    from edje.schemas.token_table import expand_paths, read_token_tables, vector_matrix
+    from edje.schemas.weights import check_weights
 
     table, meta = read_token_tables(expand_paths(paths), columns=["image_id", "image_embedding"])
     theirs, ours = meta.first_stage_backbone(), model.config

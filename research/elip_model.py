@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from model.backbone import VisionBackbone
-from schemas.config import BackboneConfig
+from edje.model.backbone import VisionBackbone
+from edje.schemas.config import BackboneConfig
 
 WEIGHTS = "mapper.safetensors"
 CONFIG = "elip.json"

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from research.elip_eval import caption_embeddings, evaluate_reranking, first_captions, image_inputs
-from research.elip_model import ELIPConfig, ELIPReranker
-from schemas.annotations import Annotations, load_annotations
-from training.hard_batches import mixed_batches, neighbour_clusters
+from edje.research.elip_eval import caption_embeddings, evaluate_reranking, first_captions, image_inputs
+from edje.research.elip_model import ELIPConfig, ELIPReranker
+from edje.schemas.annotations import Annotations, load_annotations
+from edje.training.hard_batches import mixed_batches, neighbour_clusters
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The joint encoder's input layout as it was before the packed pair layout, kept verbatim as a reference.
 
-`research/pair_layout_bench.py` times it beside today's path, and `tests/test_pair_layout.py`
+`benchmarks/pair_layout_bench.py` times it beside today's path, and `tests/test_pair_layout.py`
 checks that today's path gives bit-identical batches and equal scores.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from model.joint_encoder import JointEncoder, PairBatch, _to
+from edje.model.joint_encoder import JointEncoder, PairBatch, _to
 
 
 def legacy_tokenize_pairs(enc: JointEncoder, texts: Sequence[str], num_image_tokens: int) -> PairBatch:

@@ -3,21 +3,18 @@
   python research/train_elip.py --train runs/binding_backbone/world/flickr30k_train.json \
       --val runs/binding_backbone/world/flickr30k_val.json --output runs/elip
 Writes mapper.safetensors and elip.json (config, validation history, the step kept) to --output;
-evaluate with `python -m research.elip_eval --checkpoint <output> ...`.
+evaluate with `python -m edje.research.elip_eval --checkpoint <output> ...`.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script under `ray job submit`
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from research.elip_model import ELIPConfig  # noqa: E402
-from research.elip_training import ELIPTrainConfig, train_elip  # noqa: E402
+from edje.research.elip_model import ELIPConfig
+from edje.research.elip_training import ELIPTrainConfig, train_elip
 
 
 def main(argv=None) -> None:

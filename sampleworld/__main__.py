@@ -1,4 +1,4 @@
-"""``python -m sampleworld``."""
+"""``python -m edje.sampleworld``."""
 
 import sys
 

@@ -7,8 +7,8 @@ joint encoder that cannot learn binding from these tokens will not learn it from
 
 Tables built from these tokens name the backbone ``SCENE_TOKENS_BACKBONE`` (with the seed and
 grid in the pretrained tag), so a checkpoint trained on them is refused by every job that reads
-real backbone tables, and the other way round (`training.model_init.check_backbone`,
-`serving.app.check_tables`).
+real backbone tables, and the other way round (`edje.training.model_init.check_backbone`,
+`edje.serving.app.check_tables`).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class _Handler(SimpleHTTPRequestHandler):
 
     server: "_Server"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass  # quiet: img2dataset makes thousands of requests
 
     def _planted(self) -> Response | None:
@@ -45,14 +45,14 @@ class _Handler(SimpleHTTPRequestHandler):
         if with_body:
             self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         resp = self._planted()
         if resp is not None:
             self._send_planted(resp, with_body=True)
         else:
             super().do_GET()
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         resp = self._planted()
         if resp is not None:
             self._send_planted(resp, with_body=False)

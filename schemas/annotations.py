@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence
+from typing import List
 
 import numpy as np
-from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -106,20 +105,3 @@ def load_grounding(path: str | Path) -> dict:
     if not out:
         raise ValueError(f"{path}: no entry carries 'grounding' (word index, centre x, centre y per grounded word)")
     return out
-
-
-def load_images(paths: Sequence[Path], size: int | None = None) -> np.ndarray:
-    """Decode image files to uint8 [N, H, W, 3] (RGB), resized to `size` x `size` when given."""
-    out = []
-    for p in paths:
-        if not Path(p).exists():
-            raise FileNotFoundError(f"image {p} named by the annotations does not exist")
-        with Image.open(p) as im:
-            im = im.convert("RGB")
-            if size is not None and im.size != (size, size):
-                im = im.resize((size, size), Image.BICUBIC)
-            out.append(np.asarray(im, dtype=np.uint8))
-    shapes = {a.shape for a in out}
-    if len(shapes) > 1:
-        raise ValueError(f"images differ in size {sorted(shapes)[:3]}; pass size= to resize them")
-    return np.stack(out)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 import numpy as np
 
-from schemas.config import CodecConfig
+from edje.schemas.config import CodecConfig
 
 if TYPE_CHECKING:  # the torch path imports torch where it runs: readers and writers of tables never need it
     import torch
@@ -195,7 +195,7 @@ def main(argv=None) -> None:
     """Print the stored bytes per image of a token matrix under every codec."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m schemas.codecs", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m edje.schemas.codecs", description=main.__doc__)
     ap.add_argument("--tokens", type=int, default=64, help="tokens per image (m)")
     ap.add_argument("--width", type=int, default=384, help="token width (the language model's width)")
     ap.add_argument("--group-size", type=int, default=128, help="int4 scale group size for the grouped row")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-from schemas.config import CodecConfig
+from edje.schemas.config import CodecConfig
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas.codecs import TokenCodec
-from schemas.config import BackboneConfig, CodecConfig
+from edje.schemas.codecs import TokenCodec
+from edje.schemas.config import BackboneConfig, CodecConfig
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"edje"

@@ -18,7 +18,7 @@ def local_weights(pretrained: Optional[str]) -> Optional[str]:
         return None
     if os.path.isfile(pretrained):
         return pretrained
-    from schemas.shipped import REPO_ROOT
+    from edje.schemas.shipped import REPO_ROOT
 
     repo_relative = REPO_ROOT / pretrained
     return str(repo_relative) if repo_relative.is_file() else None
@@ -34,7 +34,7 @@ def weights_sha256(pretrained: Optional[str]) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=32)
-def _digest(path: str, size: int, mtime_ns: int) -> str:  # noqa: ARG001 - size and mtime key the cache
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 

@@ -15,7 +15,7 @@ ingress        FastAPI routes: /v1/rerank (Jina), /v2/rerank (Cohere), /v1/reran
                /v1/images, /v1/negatives, /healthz, /readyz, /v1/info (Ingress)
 serve_metrics  the Prometheus series (ray.serve.metrics) the Serve shells record, and the request-counting middleware
 deployments    FirstStage and Miner made Serve deployments (the first stage's timed, with a readiness call)
-app            ServeConfig -> application graph (`serving.app:build_app` is serve_config.yaml's import path;
+app            ServeConfig -> application graph (`edje.serving.app:build_app` is serve_config.yaml's import path;
                the file's `deployments:` section sets replicas and resources over the code's options)
 miner_client   what training calls: fetch_negatives(url, image_ids, captions, k), neighbour_batch(...)
 """

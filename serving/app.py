@@ -14,19 +14,19 @@ from typing import Any, Dict
 
 from ray.serve import Application
 
-from serving.config import ServeConfig
-from serving.deployments import FirstStageDeployment, MinerDeployment
-from serving.ingress import Ingress
-from serving.reranker import Reranker
+from edje.serving.config import ServeConfig
+from edje.serving.deployments import FirstStageDeployment, MinerDeployment
+from edje.serving.ingress import Ingress
+from edje.serving.reranker import Reranker
 
 
 def check_tables(config: ServeConfig) -> None:
     """Refuse, before deploying anything, token tables that the checkpoint cannot read (TableMismatchError)."""
     if config.checkpoint is None:
         return
-    from model.edje import read_checkpoint_config
-    from schemas.token_table import read_metadata
-    from serving.token_store import expected_from_checkpoint
+    from edje.model.edje import read_checkpoint_config
+    from edje.model.token_store import expected_from_checkpoint
+    from edje.schemas.token_table import read_metadata
 
     want = expected_from_checkpoint(read_checkpoint_config(config.checkpoint))
     for path in config.token_tables:  # metadata only: no token bytes are read here

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Tuple
 
-from schemas.api import ApiLimits
-from serving.image_fetch import parse_allow
+from edje.schemas.api import ApiLimits
+from edje.serving.image_fetch import parse_allow
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -50,7 +50,7 @@ class DeploymentResources:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """Everything `serving.app.build_app` needs; `checkpoint=None` serves the hard-negative miner alone."""
+    """Everything `edje.serving.app.build_app` needs; `checkpoint=None` serves the hard-negative miner alone."""
 
     checkpoint: Optional[str] = None  # EDJE checkpoint dir (any fsspec path)
     token_tables: Tuple[str, ...] = ()  # compressed token tables made with that checkpoint's adapter
@@ -187,7 +187,7 @@ class ServeConfig:
 
     def live_dir_of(self, image_id: str) -> Optional[str]:
         """The live folder of the shard that owns an image id."""
-        from serving.shards import shard_of
+        from edje.model.shards import shard_of
 
         return self.live_dir_of_shard(shard_of(image_id, self.shards))
 

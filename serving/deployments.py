@@ -11,9 +11,9 @@ from typing import Iterator, List, Optional, Tuple
 
 from ray import serve
 
-from serving.first_stage import FirstStage, ImageQueryHits
-from serving.miner import Miner
-from serving.serve_metrics import FirstStageMetrics
+from edje.serving.first_stage import FirstStage, ImageQueryHits
+from edje.serving.miner import Miner
+from edje.serving.serve_metrics import FirstStageMetrics
 
 
 class MeasuredFirstStage(FirstStage):

@@ -22,11 +22,11 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from model.device import pick_device
-from model.embedding_index import EmbeddingIndex
-from schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
-from serving.live_images import LiveLog, embeddings_of_tables
-from serving.shards import filter_shard
+from edje.model.device import pick_device
+from edje.model.embedding_index import EmbeddingIndex
+from edje.model.shards import filter_shard
+from edje.schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
+from edje.serving.live_images import LiveLog, embeddings_of_tables
 
 log = logging.getLogger("ray.serve")
 
@@ -34,7 +34,7 @@ log = logging.getLogger("ray.serve")
 def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None, device=None):
     """The VisionBackbone a table's metadata names (its text tower embeds queries and captions), on `device`
     (None: cuda when visible, else cpu)."""
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
 
     cfg = meta.first_stage_backbone(pretrained_override)
     backbone = VisionBackbone.create(cfg, device=pick_device(device))

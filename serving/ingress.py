@@ -34,8 +34,8 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from ray import serve
 
-from model.ranking import RANKING_KEY, RankingConfig
-from schemas.api import (
+from edje.model.ranking import RANKING_KEY, RankingConfig
+from edje.schemas.api import (
     MAX_ID_CHARS,
     AddImageResponse,
     CohereRerankResponse,
@@ -53,14 +53,14 @@ from schemas.api import (
     Usage,
     request_models,
 )
-from serving.config import ServeConfig
-from serving.image_fetch import ImageInputError, image_bytes
-from serving.live_sources import default_image_id
-from serving.search_page import add_search_page, page_paths
-from serving.search_view import caption_image, first_stage_list, first_stage_ranks
-from serving.serve_metrics import IngressMetrics, RequestMetrics
-from serving.shards import ShardedCorpus
-from serving.thumbnails import Thumbnails, add_thumbnail_route
+from edje.serving.config import ServeConfig
+from edje.serving.image_fetch import ImageInputError, image_bytes
+from edje.serving.live_sources import default_image_id
+from edje.serving.search_page import add_search_page, page_paths
+from edje.serving.search_view import caption_image, first_stage_list, first_stage_ranks
+from edje.serving.serve_metrics import IngressMetrics, RequestMetrics
+from edje.serving.shards import ShardedCorpus
+from edje.serving.thumbnails import Thumbnails, add_thumbnail_route
 
 log = logging.getLogger("ray.serve")
 
@@ -147,7 +147,7 @@ async def _probe(method, timeout_s: float) -> str:
     except asyncio.TimeoutError:
         response.cancel()
         return f"no answer within {timeout_s:g} s"
-    except Exception as e:  # noqa: BLE001 - a dead or failing replica: say which error, stay up
+    except Exception as e:
         return type(e).__name__
 
 
@@ -176,7 +176,7 @@ class Ingress:
         self.checkpoint_meta = None
         self.ranking = RankingConfig()
         if config.checkpoint:
-            from model.edje import read_checkpoint_config
+            from edje.model.edje import read_checkpoint_config
             self.checkpoint_meta = read_checkpoint_config(config.checkpoint)
             # The checkpoint's ranking rule, the same one jobs/evaluate.py reports (model/ranking.py).
             self.ranking = RankingConfig(**self.checkpoint_meta.get(RANKING_KEY, {}))
@@ -225,7 +225,7 @@ class Ingress:
             return await method.remote(*args, **kwargs)
         except HTTPException:
             raise
-        except Exception as e:  # noqa: BLE001 - anything from another process: report it, stay up
+        except Exception as e:
             kind = type(e).__name__
             status = 503 if any(w in kind for w in ("ActorDied", "ActorUnavailable", "BackPressure", "Unavailable",
                                                     "RayActorError", "Timeout")) else 500

@@ -29,12 +29,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from model.token_encoder import EncodedImages
-from pipeline.decode import ImageRejected, decode_image
-from pipeline.reasons import DECOMPRESSION_BOMB
-from schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
-from serving.live_sources import content_hash, default_image_id, keep_source
-from serving.token_store import TokenBlobs
+from edje.model.image_decode import DECOMPRESSION_BOMB, ImageRejected, decode_image
+from edje.model.token_encoder import EncodedImages
+from edje.model.token_store import TokenBlobs
+from edje.schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
+from edje.serving.live_sources import content_hash, default_image_id, keep_source
 
 log = logging.getLogger("ray.serve")
 
@@ -54,8 +53,8 @@ class ImageEncoder:
     """The encode job's path for a few images in a replica: decode, then model.token_encoder (frozen, no grad)."""
 
     def __init__(self, meta: TableMetadata, adapter: torch.nn.Module, device: torch.device, max_pixels: int):
-        from model.token_encoder import TokenEncoder
-        from schemas.config import BackboneConfig, CodecConfig
+        from edje.model.token_encoder import TokenEncoder
+        from edje.schemas.config import BackboneConfig, CodecConfig
 
         self.meta, self.max_pixels = meta, max_pixels
         if getattr(meta, "embedding_backbone", None):

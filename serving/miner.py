@@ -29,9 +29,9 @@ from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
-from schemas.annotations import load_annotations
-from schemas.token_table import TableMetadata, read_metadata, read_token_tables, vector_matrix
-from serving.first_stage import EmbeddingIndex, embed_texts, load_backbone, read_image_embeddings
+from edje.schemas.annotations import load_annotations
+from edje.schemas.token_table import TableMetadata, read_metadata, read_token_tables, vector_matrix
+from edje.serving.first_stage import EmbeddingIndex, embed_texts, load_backbone, read_image_embeddings
 
 log = logging.getLogger("ray.serve")
 
@@ -158,7 +158,7 @@ class Miner:
     def __init__(self, image_tables: Sequence[str], caption_sources: Sequence[str], index_factory: str = "Flat",
                  pretrained_override: Optional[str] = None, reranker=None, torch_threads: int = 1,
                  device: Optional[str] = None):
-        from model.device import pick_device
+        from edje.model.device import pick_device
 
         torch.set_num_threads(max(1, torch_threads))
         self.device = pick_device(device)  # None: the GPU when this replica was given one

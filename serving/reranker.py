@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from ray import serve
 
-from serving.config import ServeConfig
-from serving.live_images import AddResult
-from serving.reranker_core import PairChunk, RerankerCore, Scores
-from serving.serve_metrics import RerankerMetrics, timed
+from edje.serving.config import ServeConfig
+from edje.serving.live_images import AddResult
+from edje.serving.reranker_core import PairChunk, RerankerCore, Scores
+from edje.serving.serve_metrics import RerankerMetrics, timed
 
 log = logging.getLogger("ray.serve")
 
@@ -120,7 +120,7 @@ def _with_assigned_resources(config: ServeConfig) -> ServeConfig:
 
     try:
         serve.get_replica_context()
-    except Exception:  # noqa: BLE001 - not inside a Serve replica (in-process use): the config's own numbers
+    except Exception:
         return config
     got = ray.get_runtime_context().get_assigned_resources()
     resources = dataclasses.replace(config.reranker, num_cpus=got.get("CPU", 0.0), num_gpus=got.get("GPU", 0.0))
@@ -131,5 +131,5 @@ def _replica_id() -> str:
     """Serve's id of this replica (the pid outside Serve)."""
     try:
         return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # noqa: BLE001 - not inside a Serve replica (in-process use)
+    except Exception:
         return f"pid-{os.getpid()}"

@@ -17,12 +17,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from model.device import pick_device
-from model.scoring import PairScorer, decode_blobs
-from schemas.token_table import TableMetadata
-from serving.config import ServeConfig
-from serving.live_images import AddResult, LiveImages, RejectedImage
-from serving.token_store import TokenBlobs, TokenStore
+from edje.model.device import pick_device
+from edje.model.scoring import PairScorer, decode_blobs
+from edje.model.token_store import TokenBlobs, TokenStore
+from edje.schemas.token_table import TableMetadata
+from edje.serving.config import ServeConfig
+from edje.serving.live_images import AddResult, LiveImages, RejectedImage
 
 
 @dataclass
@@ -76,7 +76,7 @@ class RerankerCore:
     """Token store + scoring core + live images of one replica (in-process; no Serve)."""
 
     def __init__(self, config: ServeConfig, replica: str = ""):
-        from model.edje import read_checkpoint_config
+        from edje.model.edje import read_checkpoint_config
 
         self.config = config
         device = resolve_device(config.reranker.num_gpus)

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from schemas.api import FirstStageHit
+from edje.schemas.api import FirstStageHit
 
 log = logging.getLogger("ray.serve")
 
@@ -34,6 +34,6 @@ async def caption_image(miner, query: Optional[str]) -> Optional[str]:
         return None
     try:
         return await asyncio.wait_for(miner.image_of_caption.remote(query), CAPTION_LOOKUP_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - a decoration: the search answers without it
+    except Exception as e:
         log.info("caption lookup skipped: %s: %s", type(e).__name__, e)
         return None

@@ -10,35 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import heapq
 from collections import defaultdict
 from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import pyarrow as pa
+
+from edje.model.shards import shard_of
 
 Call = Callable[..., Awaitable]
-
-
-def shard_of(image_id: str, num_shards: int) -> int:
-    """The shard that owns an image id: stable across processes, restarts and machines (not Python's hash)."""
-    if num_shards <= 1:
-        return 0
-    return int.from_bytes(hashlib.blake2b(image_id.encode("utf-8"), digest_size=8).digest(), "little") % num_shards
-
-
-def shard_mask(image_ids: pa.Array, shard: int, num_shards: int) -> Optional[pa.Array]:
-    """Boolean mask of the ids a shard owns (None when there is one shard: every row)."""
-    if num_shards <= 1:
-        return None
-    return pa.array([shard_of(x, num_shards) == shard for x in image_ids.to_pylist()], pa.bool_())
-
-
-def filter_shard(table: pa.Table, shard: int, num_shards: int) -> pa.Table:
-    """The rows of a token table that a shard owns."""
-    mask = shard_mask(table.column("image_id").combine_chunks(), shard, num_shards)
-    return table if mask is None else table.filter(mask)
 
 
 def merge_hits(per_shard: Sequence[Sequence[Tuple[str, float]]], k: int) -> List[Tuple[str, float]]:

@@ -86,14 +86,14 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
             serve.run(build(), name=name, route_prefix=route_prefix, blocking=False)
             wait_healthy(url, startup.healthy_timeout_s)
             return attempt
-        except Exception as e:  # noqa: BLE001 - proxy/controller deaths come as several Ray types; all retried
+        except Exception as e:
             if _is_config_error(e):
                 raise
             errors.append(f"attempt {attempt}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             log.warning("Serve start-up %s", errors[-1])
             try:
                 serve.shutdown()  # a half-started controller or proxy would answer the next attempt
-            except Exception:  # noqa: BLE001 - best effort: it may be dead already
+            except Exception:
                 pass
             if attempt < startup.attempts:
                 time.sleep(startup.retry_wait_s * attempt)
@@ -107,6 +107,6 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
 
 def _is_config_error(e: BaseException) -> bool:
     """Errors that another attempt cannot fix (bad paths, mismatched tables, bad options)."""
-    from schemas.token_table import TableMismatchError
+    from edje.schemas.token_table import TableMismatchError
 
     return isinstance(e, (TableMismatchError, FileNotFoundError, ValueError, TypeError))

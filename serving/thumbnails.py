@@ -24,9 +24,9 @@ from typing import Awaitable, Callable, Optional, Tuple
 from fastapi import FastAPI, HTTPException, Path, Request, Response
 from PIL import Image
 
-from pipeline.decode import ImageRejected, open_image, to_rgb
-from serving.image_fetch import ImageInputError, fetch_image
-from serving.live_sources import read_source
+from edje.model.image_decode import ImageRejected, open_image, to_rgb
+from edje.serving.image_fetch import ImageInputError, fetch_image
+from edje.serving.live_sources import read_source
 
 THUMBNAIL_SIZE = 256  # longest side in pixels: sharp at the page's ~128 px on a 2x screen
 JPEG_QUALITY = 85

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # The tests import research/ the way its entry points do, from the repository root: an editable install
 # made before the package existed does not map it.
-sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig  # noqa: E402
+from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
 
 TINY_BERT = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=128, max_position_embeddings=128)
@@ -63,15 +61,14 @@ def ray_local():
 def encode_world_with_checkpoint(root, seed: int, n_test: int, checkpoint: str):
     """A sample world's test split (`root`/world) through `checkpoint`'s backbone and adapter:
     (annotations path, raw table, compressed tokens [N, m, d] float32, compressed table metadata at int8)."""
-    from pathlib import Path
 
     import torch
 
-    from evaluation.tables import encode_annotations
-    from model.backbone import VisionBackbone
-    from model.edje import load_checkpoint, read_checkpoint_config
-    from sampleworld.world import WorldConfig, generate
-    from schemas.token_table import TableMetadata, decode_tokens, read_token_table
+    from edje.evaluation.tables import encode_annotations
+    from edje.model.backbone import VisionBackbone
+    from edje.model.edje import load_checkpoint, read_checkpoint_config
+    from edje.sampleworld.world import WorldConfig, generate
+    from edje.schemas.token_table import TableMetadata, decode_tokens, read_token_table
 
     repo = Path(__file__).resolve().parent.parent
     generate(WorldConfig(seed=seed, n_train=0, n_val=0, n_test=n_test), root / "world")

@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.backbone import VisionBackbone
-from schemas.config import BackboneConfig
+from edje.model.backbone import VisionBackbone
+from edje.schemas.config import BackboneConfig
 
 
 @pytest.mark.parametrize("name,shape", [("edje-tiny-clip", (65, 128)), ("edje-tiny-timm", (64, 96))])
@@ -84,9 +84,9 @@ def test_backbone_is_built_and_probed_on_the_weights_device():
 def test_a_weights_file_replaced_in_place_is_refused(tmp_path):
     # A retrained backbone written over the shipped file must not silently pair with tables and
     # checkpoints made from the old weights: the recorded sha256 catches it.
-    from schemas.token_table import TableMetadata
-    from schemas.weights import weights_sha256
-    from training.model_init import ModelSpec, check_backbone, edje_config
+    from edje.schemas.token_table import TableMetadata
+    from edje.schemas.weights import weights_sha256
+    from edje.training.model_init import ModelSpec, check_backbone, edje_config
 
     path = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)

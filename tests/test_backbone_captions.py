@@ -10,9 +10,9 @@ import open_clip
 import pytest
 import torch
 
-from sampleworld import WorldConfig, generate
-from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, colour_caption, shape_caption
-from training.backbone import BackboneTrainConfig, attribute_set_ids, caption_rates, partial_captions, train_backbone, world_records
+from edje.sampleworld import WorldConfig, generate
+from edje.sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, colour_caption, shape_caption
+from edje.training.backbone import BackboneTrainConfig, attribute_set_ids, caption_rates, partial_captions, train_backbone, world_records
 
 
 @pytest.fixture(scope="module")

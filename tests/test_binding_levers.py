@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from model.edje import EDJEModel, load_checkpoint, save_checkpoint
-from model.joint_encoder import JointEncoder
-from schemas.config import JointEncoderConfig
-from training.masking import PieceGroups, WordGroups
+from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
+from edje.model.joint_encoder import JointEncoder
+from edje.schemas.config import JointEncoderConfig
+from edje.training.masking import PieceGroups, WordGroups
 
 BERT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=30522,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -116,7 +116,7 @@ def test_word_context_starts_as_plain_bert_mixes_only_caption_words_and_is_kept_
 def test_adapter_grid_position_tells_cells_apart_and_travels_with_the_checkpoint(tiny_edje_config, tmp_path):
     from dataclasses import replace
 
-    from model.adapters import grid_position
+    from edje.model.adapters import grid_position
     table = grid_position(64, 128)
     torch.testing.assert_close(table.norm(dim=1), torch.ones(64))
     assert torch.cdist(table, table).add(torch.eye(64) * 9).min() > 0.05  # every cell its own code

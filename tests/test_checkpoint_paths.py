@@ -30,7 +30,7 @@ def test_shipped_checkpoint_config_has_no_absolute_paths(config):
 
 
 def test_saved_checkpoint_config_has_no_absolute_paths(tmp_path, tiny_edje_config):
-    from model.edje import EDJEModel, load_checkpoint, save_checkpoint
+    from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
 
     save_checkpoint(EDJEModel(tiny_edje_config), str(tmp_path / "ckpt"))
     hits = _absolute_paths(json.loads((tmp_path / "ckpt" / "config.json").read_text()))

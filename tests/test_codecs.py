@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from schemas.codecs import CodecError, TokenCodec, bytes_per_image
-from schemas.config import CodecConfig
+from edje.schemas.codecs import CodecError, TokenCodec, bytes_per_image
+from edje.schemas.config import CodecConfig
 
 CASES = [("int8", None), ("int4", None), ("int4", 32), ("fp16", None), ("fp32", None)]
 
@@ -57,7 +57,7 @@ def test_bytes_per_image_of_64x384():
 
 
 def test_bytes_command_prints_the_table():
-    out = subprocess.run([sys.executable, "-m", "schemas.codecs", "--tokens", "64", "--width", "384"],
+    out = subprocess.run([sys.executable, "-m", "edje.schemas.codecs", "--tokens", "64", "--width", "384"],
                          capture_output=True, text=True, check=True).stdout
     assert "49,152" in out and "24,704" in out and "12,416" in out
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.compare import FirstStageMismatch, Recall, Row, build_table, markdown
+from edje.evaluation.compare import FirstStageMismatch, Recall, Row, build_table, markdown
 
 FIRST = {"r1": 22.6, "r5": 77.2, "r10": 94.6}
 I2T_FIRST = {"r1": 22.1, "r5": 78.3, "r10": 94.6}
@@ -26,7 +26,7 @@ def _edje_metrics(t2i_r1: float, weight: float, first=FIRST) -> dict:
     """jobs/evaluate.py's metrics.json for a checkpoint with a fused rule (ITM alone reported beside it)."""
     wf = {"first_stage": {"accuracy": 34.29, "queries": 936}, "reranked": {"accuracy": 62.61, "queries": 936},
           "by_kind": {"first_stage": _kinds(57.3, 53.19, 64.97, 50.25), "reranked": _kinds(93.24, 87.5, 99.49, 50.0)}}
-    direction = lambda fs, r1: {"first_stage": dict(fs), "reranked": {"r1": r1, "r5": 93.7, "r10": fs["r10"]},  # noqa: E731
+    direction = lambda fs, r1: {"first_stage": dict(fs), "reranked": {"r1": r1, "r5": 93.7, "r10": fs["r10"]},
                                 "reranked_itm_only": {"r1": r1 + 0.2, "r5": 93.7, "r10": fs["r10"]},
                                 "within_family": copy.deepcopy(wf)}
     return {"t2i": direction(first, t2i_r1), "i2t": direction(I2T_FIRST, 50.9),
@@ -122,7 +122,7 @@ def test_evaluate_cli_writes_comparison_md_and_json(outputs):
     tmp, ann, local, glob, elip = outputs
     spec = tmp / "spec.json"
     spec.write_text(json.dumps(_spec(local, glob, elip)))
-    from jobs.evaluate import main
+    from edje.jobs.evaluate import main
     main(["--compare", str(spec), "--output", str(tmp / "cmp")])
     assert "| EDJE local int8 |" in (tmp / "cmp" / "comparison.md").read_text()
     js = json.loads((tmp / "cmp" / "comparison.json").read_text())
@@ -169,7 +169,7 @@ def test_held_out_twins_form_a_second_table_with_their_own_first_stages(outputs)
         a.parent.mkdir()
         a.write_text("{}")
     seen_first, held_first = {"r1": 24.0, "r5": 80.0, "r10": 95.0}, {"r1": 21.0, "r5": 70.0, "r10": 90.0}
-    twin = lambda name, r1s, r1h, quant=None: {  # noqa: E731
+    twin = lambda name, r1s, r1h, quant=None: {
         "in_distribution": str(_write_edje(tmp / f"{name}-seen", seen_ann, _edje_metrics(r1s, 0.0, seen_first), quant)),
         "held_out": str(_write_edje(tmp / f"{name}-held", held_ann, _edje_metrics(r1h, 0.0, held_first), quant)),
         "command": f"pretrain {name} on the exclude world", "train_minutes": 30.0}

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from training.batches import TrainBatch
-from training.negatives import Negatives
-from training.objectives import pair_layout, teacher_scores
+from edje.training.batches import TrainBatch
+from edje.training.negatives import Negatives
+from edje.training.objectives import pair_layout, teacher_scores
 
 
 class PairIndexEncoder(nn.Module):

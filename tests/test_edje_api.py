@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from edje import EDJEReranker, UnknownDocument
-from schemas.shipped import DEFAULT_RERANKER
+from edje.schemas.shipped import DEFAULT_RERANKER
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = REPO / DEFAULT_RERANKER
@@ -50,7 +50,7 @@ def test_readme_python_api_snippet_runs_as_written():
 
 
 def test_rank_orders_by_the_rule_and_predict_agrees(reranker, tmp_path):
-    from sampleworld.world import WorldConfig, generate
+    from edje.sampleworld.world import WorldConfig, generate
 
     generate(WorldConfig(seed=4343, n_train=0, n_val=0, n_test=8), tmp_path / "w")
     world = json.loads((tmp_path / "w" / "world.json").read_text())["images"]
@@ -90,7 +90,7 @@ def test_bad_documents_get_clear_errors(reranker, tmp_path):
         reranker.rank("a red circle", ["no-such-id-or-file"])
     with pytest.raises(ValueError, match="non-empty"):
         reranker.rank("  ", [b"x"])
-    from pipeline.decode import ImageRejected
+    from edje.model.image_decode import ImageRejected
     with pytest.raises(ImageRejected):
         reranker.rank("a red circle", [b"not an image"])
     assert reranker.rank("a red circle", []) == []
@@ -100,11 +100,11 @@ def test_bad_documents_get_clear_errors(reranker, tmp_path):
 def test_rank_agrees_with_evaluate_within_family(reranker, tmp_path):
     """Ranking a caption's image against its three binding twins with the API wins as often as jobs/evaluate.py's
     within-family accuracy on the same unseen world (int8 storage on both sides), within 1 point."""
-    from evaluation.rerank_eval import EvalConfig, evaluate
-    from evaluation.tables import encode_annotations
-    from model.backbone import VisionBackbone
-    from sampleworld.world import WorldConfig, generate
-    from schemas.config import BackboneConfig
+    from edje.evaluation.rerank_eval import EvalConfig, evaluate
+    from edje.evaluation.tables import encode_annotations
+    from edje.model.backbone import VisionBackbone
+    from edje.sampleworld.world import WorldConfig, generate
+    from edje.schemas.config import BackboneConfig
 
     root = tmp_path / "w"
     generate(WorldConfig(seed=9191, n_train=0, n_val=0, n_test=240), root)
@@ -134,9 +134,9 @@ def test_encode_images_gives_the_encode_jobs_bytes(reranker, tmp_path):
     """The encode job's actor (pipeline/encode.py EncodeBatch) and encode_images store the same bytes for an image."""
     import ray
 
-    from pipeline.decode import decode_image
-    from pipeline.encode import OK, EncodeBatch, EncoderSpec
-    from sampleworld.world import WorldConfig, generate
+    from edje.model.image_decode import decode_image
+    from edje.pipeline.encode import OK, EncodeBatch, EncoderSpec
+    from edje.sampleworld.world import WorldConfig, generate
 
     generate(WorldConfig(seed=4444, n_train=0, n_val=0, n_test=8), tmp_path / "w")
     files = sorted((tmp_path / "w" / "images").glob("*.jpg"))
@@ -170,7 +170,7 @@ def test_save_pretrained_round_trips_bit_for_bit(reranker, tmp_path):
 
 
 def _one_image(tmp_path) -> str:
-    from sampleworld.world import WorldConfig, generate
+    from edje.sampleworld.world import WorldConfig, generate
 
     generate(WorldConfig(seed=1, n_train=0, n_val=0, n_test=4), tmp_path / "one")
     return str(next((tmp_path / "one" / "images").glob("*.jpg")))

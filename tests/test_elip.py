@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.backbone import VisionBackbone
-from research.elip_eval import ELIPEvalConfig, caption_embeddings, evaluate_elip, image_inputs
-from research.elip_model import ELIPConfig, ELIPReranker, encode_prompted, load_elip, patch_tokens
-from research.elip_training import ELIPTrainConfig, infonce_loss, train_elip, train_step
-from sampleworld.world import WorldConfig, generate
-from schemas.annotations import load_annotations
+from edje.model.backbone import VisionBackbone
+from edje.research.elip_eval import ELIPEvalConfig, caption_embeddings, evaluate_elip, image_inputs
+from edje.research.elip_model import ELIPConfig, ELIPReranker, encode_prompted, load_elip, patch_tokens
+from edje.research.elip_training import ELIPTrainConfig, infonce_loss, train_elip, train_step
+from edje.sampleworld.world import WorldConfig, generate
+from edje.schemas.annotations import load_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
 # The committed embedded-default backbone: a random one embeds every image alike, and nothing can be learned over it.

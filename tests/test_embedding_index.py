@@ -3,7 +3,7 @@ search, and serving from the codes once the kept copy is released."""
 import faiss
 import numpy as np
 
-from model.embedding_index import EmbeddingIndex
+from edje.model.embedding_index import EmbeddingIndex
 
 faiss.omp_set_num_threads(1)  # OpenMP threads spinning on a shared 2-core machine cost more than they give
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from schemas.codecs import TokenCodec
-from schemas.config import CodecConfig
+from edje.schemas.codecs import TokenCodec
+from edje.schemas.config import CodecConfig
 
 QMAX = {"int8": 127, "int4": 7}
 

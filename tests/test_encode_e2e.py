@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import reasons
-from sampleworld.world import WorldConfig, generate, url_rows
-from schemas.shipped import DEFAULT_BACKBONE
+from edje.pipeline import reasons
+from edje.sampleworld.world import WorldConfig, generate, url_rows
+from edje.schemas.shipped import DEFAULT_BACKBONE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ class _Handler(BaseHTTPRequestHandler):
     routes: dict
     delay: float = 0.0
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):
         path = urllib.parse.unquote(self.path.split("?", 1)[0])
         status, body, delay = self.routes.get(path, (None, None, self.delay))
         if status is None:
@@ -165,13 +165,13 @@ def planted_world(tmp: Path, n: int):
 
 
 def read_tables(summary: dict, **fs_kwargs):
-    from schemas.token_table import read_token_tables
+    from edje.schemas.token_table import read_token_tables
     return read_token_tables(summary["tables"], **fs_kwargs)
 
 
 def nearest(table, meta, query_id: str) -> str:
     """Image id whose decoded tokens are nearest (L2) to those of `query_id`, excluding itself."""
-    from schemas.token_table import decode_tokens
+    from edje.schemas.token_table import decode_tokens
     ids = table.column("image_id").to_pylist()
     tok = decode_tokens(table, meta).reshape(len(ids), -1)
     q = ids.index(query_id)
@@ -198,9 +198,9 @@ def two_node_cluster():
 def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_cluster):
     import ray
 
-    from pipeline.job import run_encode_job
-    from pipeline.write import parts_dir, stats_path
-    from schemas.encode_job import EncodeJobConfig
+    from edje.pipeline.job import run_encode_job
+    from edje.pipeline.write import parts_dir, stats_path
+    from edje.schemas.encode_job import EncodeJobConfig
 
     world, routes, rows = planted_world(tmp_path, 176)
     out = str(tmp_path / "out")
@@ -340,7 +340,7 @@ def test_s3_round_trip_with_compressed_int8_tables(tmp_path, tiny_edje_config):
     import s3fs
     from moto.server import ThreadedMotoServer
 
-    from model.edje import EDJEModel, save_checkpoint
+    from edje.model.edje import EDJEModel, save_checkpoint
 
     ckpt = tmp_path / "ckpt"
     model = EDJEModel(tiny_edje_config)
@@ -375,7 +375,7 @@ def test_s3_round_trip_with_compressed_int8_tables(tmp_path, tiny_edje_config):
         assert summary["failed"] == {reasons.HTTP_ERROR: 1}
         assert all(t.startswith("s3://edje-bucket/enc/tables/") for t in summary["tables"])
         assert fs.exists("edje-bucket/enc/_downloads/00000.tar")  # img2dataset wrote its shards to S3 too
-        from schemas.token_table import read_token_tables
+        from edje.schemas.token_table import read_token_tables
         table, meta = read_token_tables([t[len("s3://"):] for t in summary["tables"]], filesystem=fs,
                                         kind="compressed", adapter_hash=model.adapter_hash(), quantization="int8")
         assert sorted(table.column("image_id").to_pylist()) == sorted(r["image_id"] for r in rows)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_encode_e2e import serve  # the loopback HTTP server of the end-to-end tests
 
-from sampleworld.world import WorldConfig, generate, url_rows
+from edje.sampleworld.world import WorldConfig, generate, url_rows
 
 pytestmark = pytest.mark.slow
 
@@ -28,16 +28,16 @@ def _tsv(rows) -> str:
 
 
 def _cfg(**kw):
-    from schemas.encode_job import EncodeJobConfig
+    from edje.schemas.encode_job import EncodeJobConfig
     return EncodeJobConfig(**{"shard_size": 8, "batch_size": 8, "download_threads": 4, **kw})
 
 
 def test_http_list_int4_and_fp16_tables_and_reuse_with_another_model_or_input(tmp_path, ray_local, tiny_edje_config):
-    from model.edje import EDJEModel, save_checkpoint
-    from pipeline.job import run_encode_job
-    from pipeline.manifest import ManifestMismatchError
-    from schemas.config import BackboneConfig
-    from schemas.token_table import decode_tokens, read_token_tables
+    from edje.model.edje import EDJEModel, save_checkpoint
+    from edje.pipeline.job import run_encode_job
+    from edje.pipeline.manifest import ManifestMismatchError
+    from edje.schemas.config import BackboneConfig
+    from edje.schemas.token_table import decode_tokens, read_token_tables
 
     # Fixed backbone weights (the shipped small backbone): two runs must see the same backbone tokens.
     weights = str(Path(__file__).resolve().parent.parent / "checkpoints" / "edje-tiny-clip-sw.safetensors")
@@ -91,7 +91,7 @@ def test_http_list_int4_and_fp16_tables_and_reuse_with_another_model_or_input(tm
 def test_a_shard_that_cannot_be_written_makes_the_job_incomplete_and_a_rerun_finishes_it(tmp_path, ray_local):
     import json
 
-    from pipeline.job import IncompleteJobError, run_encode_job
+    from edje.pipeline.job import IncompleteJobError, run_encode_job
 
     world = _world(tmp_path, seed=22)
     out = tmp_path / "out"
@@ -114,10 +114,10 @@ def test_a_shard_that_cannot_be_written_makes_the_job_incomplete_and_a_rerun_fin
 
 
 def test_timm_tower_backbone_through_the_pipeline(tmp_path, ray_local):
-    from model.backbone import VisionBackbone
-    from pipeline.job import run_encode_job
-    from schemas.config import BackboneConfig
-    from schemas.token_table import decode_tokens, read_token_tables
+    from edje.model.backbone import VisionBackbone
+    from edje.pipeline.job import run_encode_job
+    from edje.schemas.config import BackboneConfig
+    from edje.schemas.token_table import decode_tokens, read_token_tables
 
     world = _world(tmp_path, seed=23)
     with serve(world) as base:

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedupe, reasons
-from pipeline.plan import PlanConfig, plan_input, read_shard_input, url_image_id, with_image_ids
-from pipeline.url_source import ReadOptions, expand_inputs
+from edje.pipeline import dedupe, reasons
+from edje.pipeline.plan import PlanConfig, plan_input, read_shard_input, url_image_id, with_image_ids
+from edje.pipeline.url_source import ReadOptions, expand_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,8 +113,8 @@ def test_shards_written_as_row_groups_read_back_and_files_without_ids_are_refuse
 _MEMORY_PROBE = """
 import json, sys
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-from pipeline.plan import PlanConfig, plan_input
-from pipeline.url_source import ReadOptions, expand_inputs
+from edje.pipeline.plan import PlanConfig, plan_input
+from edje.pipeline.url_source import ReadOptions, expand_inputs
 folder, n, write = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "write"
 if write:  # a separate process writes the list, so its buffers do not count
     for k, start in enumerate(range(0, n, 50_000)):

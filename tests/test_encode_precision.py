@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from model.backbone import VisionBackbone
-from pipeline.encode import EncodeBatch, EncoderSpec, describe_model
-from schemas.config import BackboneConfig
+from edje.model.backbone import VisionBackbone
+from edje.pipeline.encode import EncodeBatch, EncoderSpec, describe_model
+from edje.schemas.config import BackboneConfig
 
 BACKBONE = BackboneConfig("edje-tiny-clip")
 

@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline import reasons
-from pipeline.decode import ImageRejected, PilResizer, decode_image, open_image, to_rgb
-from pipeline.plan import PlanConfig, plan_input, url_image_id, with_image_ids
-from pipeline.url_source import ReadOptions, expand_inputs
+from edje.model.image_decode import ImageRejected, decode_image, open_image, to_rgb
+from edje.pipeline import reasons
+from edje.pipeline.decode import PilResizer
+from edje.pipeline.plan import PlanConfig, plan_input, url_image_id, with_image_ids
+from edje.pipeline.url_source import ReadOptions, expand_inputs
 
 
 def plan_rows(inputs, shard_size: int = 1000, **read):
@@ -205,8 +206,8 @@ def test_plan_shards_is_deterministic(tmp_path):
 
 
 def test_commit_keeps_each_row_once_and_refuses_gaps(tmp_path):
-    from pipeline.write import IncompleteShardError, commit_shard, stats_path, write_parts
-    from schemas.token_table import TableMetadata, decode_tokens, read_token_table
+    from edje.pipeline.write import IncompleteShardError, commit_shard, stats_path, write_parts
+    from edje.schemas.token_table import TableMetadata, decode_tokens, read_token_table
 
     meta = TableMetadata(kind="compressed", backbone="b", pretrained=None, feature_layer="final", num_tokens=2,
                          width=4, quantization="int8", embed_dim=3, adapter_hash="h")
@@ -237,7 +238,7 @@ def test_commit_keeps_each_row_once_and_refuses_gaps(tmp_path):
 
 
 def test_iri_urls_are_percent_encoded_for_download_only():
-    from pipeline.download import iri_to_uri
+    from edje.pipeline.download import iri_to_uri
 
     assert iri_to_uri("http://h:1/images/a.jpg?x=1") == "http://h:1/images/a.jpg?x=1"
     assert iri_to_uri("http://h:1/images/café b.jpg?q=é") == "http://h:1/images/caf%C3%A9%20b.jpg?q=%C3%A9"

@@ -11,12 +11,12 @@ from conftest import int8_half_step
 from PIL import Image
 from safetensors.torch import save_file
 
-from evaluation.recall import rerank, within_group_accuracy
-from model.backbone import VisionBackbone
-from model.edje import EDJEModel, save_checkpoint
-from model.recall import embedding_recall, recall, top_rankings
-from schemas.config import BackboneConfig
-from schemas.token_table import TableMetadata, TableMismatchError, build_table, decode_tokens, read_token_table, write_token_table
+from edje.evaluation.recall import rerank, within_group_accuracy
+from edje.model.backbone import VisionBackbone
+from edje.model.edje import EDJEModel, save_checkpoint
+from edje.model.recall import embedding_recall, recall, top_rankings
+from edje.schemas.config import BackboneConfig
+from edje.schemas.token_table import TableMetadata, TableMismatchError, build_table, decode_tokens, read_token_table, write_token_table
 
 
 def test_recall_and_rerank_by_hand():
@@ -45,8 +45,8 @@ def test_within_family_accuracy_by_hand():
 @pytest.fixture(scope="module")
 def tiny_world(tmp_path_factory):
     """A 32-image test split, a saved (random) tiny backbone, and a raw token table of the split."""
-    from evaluation.tables import encode_annotations
-    from sampleworld.world import WorldConfig, generate
+    from edje.evaluation.tables import encode_annotations
+    from edje.sampleworld.world import WorldConfig, generate
 
     root = tmp_path_factory.mktemp("evalworld")
     generate(WorldConfig(seed=123, n_train=0, n_val=0, n_test=32), root / "world")
@@ -62,7 +62,7 @@ def tiny_world(tmp_path_factory):
 
 def _run(args):
     # In-process: the CLI's own main(), without paying a second torch import per call.
-    from jobs.evaluate import main
+    from edje.jobs.evaluate import main
     main(args)
 
 
@@ -96,7 +96,7 @@ def test_evaluate_raw_and_compressed_tables(tiny_world, tiny_edje_config, tmp_pa
     # Backbone only: the first stage must equal the embeddings' own recall, computed independently.
     _run(["--annotations", str(ann), "--tokens", str(raw), "--backbone-only", "--output", str(tmp_path / "bb")])
     bb = _check_outputs(tmp_path / "bb")
-    from schemas.annotations import load_annotations
+    from edje.schemas.annotations import load_annotations
     a = load_annotations(ann)
     table, meta = read_token_table(str(raw))
     order = {x: i for i, x in enumerate(table.column("image_id").to_pylist())}
@@ -149,7 +149,7 @@ def tiny_ckpt(tiny_edje_config, tmp_path_factory):
 
 def _spy_scores(monkeypatch):
     """Record the encoder-ready image tokens and the ITM logits of every score_pairs call of an evaluation."""
-    import evaluation.rerank_eval as re_eval
+    import edje.evaluation.rerank_eval as re_eval
     calls = []
     real = re_eval.score_pairs
 
@@ -224,7 +224,7 @@ def test_evaluate_add_first_stage_similarity_from_the_command_line(tiny_world, t
 def test_evaluate_ranks_by_the_fused_rule_recorded_in_the_checkpoint(tiny_world, tiny_ckpt, tmp_path):
     import shutil
 
-    from model.ranking import RankingConfig, write_ranking
+    from edje.model.ranking import RankingConfig, write_ranking
 
     root, _, raw = tiny_world
     ckpt, _ = tiny_ckpt
@@ -275,8 +275,8 @@ def test_fit_first_stage_weight_through_the_cli_records_the_weight_and_its_calib
 
 def test_the_tables_command_encodes_with_the_shipped_weights_unless_told_otherwise():
     """An untrained backbone's table trains and evaluates without an error, so it is only made by name."""
-    from evaluation.tables import _weights
-    from schemas.shipped import shipped_weights
+    from edje.evaluation.tables import _weights
+    from edje.schemas.shipped import shipped_weights
 
     assert _weights("edje-tiny-convvit", None) == shipped_weights("edje-tiny-convvit")
     assert _weights("edje-tiny-convvit", "none") is None

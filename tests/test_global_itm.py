@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from model.edje import EDJEModel, load_checkpoint, save_checkpoint
-from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig, from_dict
-from training.masking import PieceGroups, WordGroups
+from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
+from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig, from_dict
+from edje.training.masking import PieceGroups, WordGroups
 
 BERT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=30522,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.2)
@@ -152,9 +152,9 @@ def test_a_global_baseline_starts_from_a_token_models_bert(token_model, images, 
     that read the image start fresh (the baseline gets the same text encoder as the EDJE it is compared with)."""
     from dataclasses import replace
 
-    from schemas.token_table import TableMetadata
-    from training.config import ModelSpec
-    from training.model_init import build_model
+    from edje.schemas.token_table import TableMetadata
+    from edje.training.config import ModelSpec
+    from edje.training.model_init import build_model
 
     # a token model with the relation parts, as the shipped ones: the global mode cannot have them
     cfg = token_model.config

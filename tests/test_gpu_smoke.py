@@ -42,7 +42,7 @@ def test_gpu_smoke_refuses_cuda_without_a_gpu(tmp_path):
 
 
 def test_device_rule():
-    from model.device import pick_device
+    from edje.model.device import pick_device
 
     assert pick_device(None) == pick_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert pick_device("cpu") == torch.device("cpu")
@@ -52,10 +52,10 @@ def test_device_rule():
 
 
 def test_clis_take_a_device(capsys, tmp_path):
-    from evaluation.rerank_eval import EvalConfig
-    from jobs.evaluate import main as evaluate_main
-    from jobs.serve import config_from_args, parse
-    from jobs.train_backbone import main as train_backbone_main
+    from edje.evaluation.rerank_eval import EvalConfig
+    from edje.jobs.evaluate import main as evaluate_main
+    from edje.jobs.serve import config_from_args, parse
+    from edje.jobs.train_backbone import main as train_backbone_main
 
     assert EvalConfig(annotations="a.json", tokens=["t"], output="o", backbone_only=True).device is None
     (tmp_path / "t.parquet").write_bytes(b"")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sampleworld.held_out import HeldOut
-from sampleworld.world import WorldConfig, generate, load_world, sample_records
+from edje.sampleworld.held_out import HeldOut
+from edje.sampleworld.world import WorldConfig, generate, load_world, sample_records
 
 COMBOS = ("red+circle", "large+square", "blue+star")
 

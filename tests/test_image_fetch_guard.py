@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from serving.image_fetch import ImageInputError, address_kind, client_for, fetch_image, fetch_images, parse_allow
+from edje.serving.image_fetch import ImageInputError, address_kind, client_for, fetch_image, fetch_images, parse_allow
 
 BODY = b"\x89PNG\r\n\x1a\n not decoded by the fetcher"
 STREAM_TOTAL = 256 * 1024 * 1024  # far more than the kernel's socket buffers hold
@@ -33,7 +33,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):
         server = self.server
         server.paths.append(self.path)
         server.hosts.append(self.headers.get("Host"))
@@ -261,8 +261,8 @@ def test_allow_entries_are_checked():
 def test_the_serve_flag_and_the_config_carry_the_allow_option(tmp_path):
     import yaml
 
-    from jobs.serve import config_from_args, parse
-    from serving.config import ServeConfig
+    from edje.jobs.serve import config_from_args, parse
+    from edje.serving.config import ServeConfig
 
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump({"args": {"checkpoint": "c", "token_tables": ["a.parquet"]}}))
@@ -433,10 +433,10 @@ def _api(tmp_path, **config):
     """The ingress's FastAPI app (its real routes and fetch call) with a stand-in reranker; no Ray Serve."""
     from fastapi.testclient import TestClient
 
-    from model.ranking import RankingConfig
-    from serving.config import ServeConfig
-    from serving.ingress import Ingress, build_api
-    from serving.shards import ShardedCorpus
+    from edje.model.ranking import RankingConfig
+    from edje.serving.config import ServeConfig
+    from edje.serving.ingress import Ingress, build_api
+    from edje.serving.shards import ShardedCorpus
 
     cfg = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), live_dir=str(tmp_path),
                       auth_token_env=None, **config)

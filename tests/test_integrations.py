@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from world_serving import Remote
 
-from serving.config import DeploymentResources, ServeConfig
-from serving.startup import StartupConfig
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.startup import StartupConfig
 
 os.environ.update(StartupConfig().env())
 
@@ -45,9 +45,9 @@ class _Reranker:
 def _api(tmp_path, **config):
     from fastapi.testclient import TestClient
 
-    from model.ranking import RankingConfig
-    from serving.ingress import Ingress, build_api
-    from serving.shards import ShardedCorpus
+    from edje.model.ranking import RankingConfig
+    from edje.serving.ingress import Ingress, build_api
+    from edje.serving.shards import ShardedCorpus
 
     ing = object.__new__(Ingress.func_or_class)  # the class Serve deploys, without Serve: routes and fetches only
     ing.config = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), auth_token_env=None, **config)
@@ -59,7 +59,7 @@ def _api(tmp_path, **config):
 
 
 def test_a_url_string_document_is_an_image_url_under_the_fetch_policy(tmp_path):
-    from sampleworld.server import serve_directory
+    from edje.sampleworld.server import serve_directory
 
     body = b"\x89PNG not decoded here: the stand-in reranker scores bytes unseen"
     (tmp_path / "a.png").write_bytes(body)
@@ -88,7 +88,7 @@ def world(tmp_path_factory):
     """12 test images, served on loopback for the whole module; the table stores their urls."""
     from world_serving import encode_world
 
-    from sampleworld.server import serve_directory
+    from edje.sampleworld.server import serve_directory
 
     root = tmp_path_factory.mktemp("integrations-world")
     (root / "world").mkdir()

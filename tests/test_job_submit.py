@@ -149,8 +149,8 @@ def encoded(head, tmp_path_factory):
 
 
 def test_encode_job_writes_raw_tables(encoded):
-    from schemas.shipped import DEFAULT_BACKBONE
-    from schemas.token_table import read_token_tables
+    from edje.schemas.shipped import DEFAULT_BACKBONE
+    from edje.schemas.token_table import read_token_tables
 
     out, logs = encoded
     assert "[encode] summary:" in logs
@@ -166,7 +166,7 @@ def test_encode_job_writes_raw_tables(encoded):
 
 
 def test_pretrain_job_on_the_encoded_tables(head, encoded):
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
 
     out, _ = encoded
     export = out / "export"

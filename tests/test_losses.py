@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from model.edje import EDJEModel
-from training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
-from training.mining import MinerConfig, mine_hard_negatives
+from edje.model.edje import EDJEModel
+from edje.training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
+from edje.training.mining import MinerConfig, mine_hard_negatives
 
 CAPTIONS = ["a large red circle left of a small blue square", "a small red circle left of a large blue square",
             "a large blue circle above a small red star", "a green triangle right of a white cross",

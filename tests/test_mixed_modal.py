@@ -1,15 +1,11 @@
 """benchmarks/mixed_modal.py's twin queries on a tiny generated world: a member's image + a sibling's caption -> the sibling."""
-import sys
-from pathlib import Path
 
 import numpy as np
+from mixed_modal import twin_queries
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from mixed_modal import twin_queries  # noqa: E402
-
-from evaluation.rerank_eval import world_families  # noqa: E402
-from sampleworld.world import WorldConfig, generate  # noqa: E402
-from schemas.annotations import load_annotations  # noqa: E402
+from edje.evaluation.rerank_eval import world_families
+from edje.sampleworld.world import WorldConfig, generate
+from edje.schemas.annotations import load_annotations
 
 
 def test_twin_queries_pair_every_member_with_each_sibling_caption(tmp_path):

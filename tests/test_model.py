@@ -5,10 +5,10 @@ import pytest
 import torch
 from conftest import TINY_BERT
 
-from model.adapters import CompressionAdapter, LocalAdapter
-from model.edje import CheckpointError, EDJEModel, load_checkpoint, save_checkpoint
-from model.joint_encoder import JointEncoder
-from schemas.config import AdapterConfig, EDJEConfig, JointEncoderConfig
+from edje.model.adapters import CompressionAdapter, LocalAdapter
+from edje.model.edje import CheckpointError, EDJEModel, load_checkpoint, save_checkpoint
+from edje.model.joint_encoder import JointEncoder
+from edje.schemas.config import AdapterConfig, EDJEConfig, JointEncoderConfig
 
 
 @pytest.mark.parametrize("m", [32, 64])
@@ -127,9 +127,9 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path, tiny_edje_config):
 def test_a_student_built_on_a_copied_encoder_feeds_it_at_its_width(tiny_edje_config, tmp_path):
     """jobs/distill.py copies the teacher's encoder: the student's adapter must output that encoder's width,
     not the default language model's (384) that the command line's (absent) BERT flags imply."""
-    from schemas.token_table import TableMetadata
-    from training.config import ModelSpec
-    from training.model_init import build_model
+    from edje.schemas.token_table import TableMetadata
+    from edje.training.config import ModelSpec
+    from edje.training.model_init import build_model
 
     teacher = EDJEModel(tiny_edje_config)
     save_checkpoint(teacher, str(tmp_path / "teacher"))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.model_card import main, render
+from edje.evaluation.model_card import main, render
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.parent for p in (REPO / "checkpoints").glob("*/config.json"))
@@ -14,8 +14,8 @@ SHIPPED = sorted(p.parent for p in (REPO / "checkpoints").glob("*/config.json"))
 @pytest.mark.parametrize("folder", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_cards_match_their_configs(folder):
     card = folder / "README.md"
-    assert card.exists(), f"{folder.name} ships without a model card (python -m evaluation.model_card {folder})"
-    assert card.read_text() == render(str(folder)), f"regenerate: python -m evaluation.model_card {folder}"
+    assert card.exists(), f"{folder.name} ships without a model card (python -m edje.evaluation.model_card {folder})"
+    assert card.read_text() == render(str(folder)), f"regenerate: python -m edje.evaluation.model_card {folder}"
     text = card.read_text()
     assert "## Ranking rule" in text and "Command:" in text
     # what it does with relations: the limit when it has no relation parts, the figure when it has them

@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import TINY_BERT
 
-from model import wordpieces
-from model.joint_encoder import JointEncoder, PairBatch
-from research.legacy_pairs import (
+from edje.model import wordpieces
+from edje.model.joint_encoder import JointEncoder, PairBatch
+from edje.research.legacy_pairs import (
     legacy_embed_pairs,
     legacy_mlm_logits,
     legacy_score,
@@ -17,7 +17,7 @@ from research.legacy_pairs import (
     legacy_text_inputs,
     legacy_tokenize_pairs,
 )
-from schemas.config import JointEncoderConfig
+from edje.schemas.config import JointEncoderConfig
 
 
 @pytest.fixture(scope="module")

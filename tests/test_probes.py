@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from evaluation.probes import local_features, presence_labels, run_probes
-from sampleworld import WorldConfig, generate
-from sampleworld.world import sample_records
+from edje.evaluation.probes import local_features, presence_labels, run_probes
+from edje.sampleworld import WorldConfig, generate
+from edje.sampleworld.world import sample_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +37,7 @@ def test_probes_read_what_is_planted_and_nothing_when_nothing_is():
     for name in ("colour_present", "shape_present", "local_colour", "local_shape"):
         assert planted[name].accuracy > 0.95, planted[name]
     rng = np.random.default_rng(0)
-    blind = lambda n: (rng.normal(size=(n, 64, 32)).astype(np.float32), rng.normal(size=(n, 16)).astype(np.float32))  # noqa: E731
+    blind = lambda n: (rng.normal(size=(n, 64, 32)).astype(np.float32), rng.normal(size=(n, 16)).astype(np.float32))
     empty = {r.name: r for r in run_probes((*blind(600), train), (*blind(200), test))}
     # Pure noise: presence probes stay near "always absent", local probes near chance.
     assert empty["shape_present"].accuracy < empty["shape_present"].baseline + 0.05
@@ -60,7 +59,6 @@ def test_local_features_take_the_window_around_each_object():
 
 def test_probe_benchmark_runs_end_to_end_on_a_small_world(tmp_path, monkeypatch):
     generate(WorldConfig(seed=9, n_train=96, n_val=0, n_test=32), tmp_path / "world")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import probe_tokens
 
     out = tmp_path / "probe.json"

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.recall import rerank
-from evaluation.rerank_eval import fit_first_stage_weight
-from model.edje import EDJEModel, save_checkpoint
-from model.ranking import RankingConfig, read_ranking, write_ranking
-from model.recall import recall
+from edje.evaluation.recall import rerank
+from edje.evaluation.rerank_eval import fit_first_stage_weight
+from edje.model.edje import EDJEModel, save_checkpoint
+from edje.model.ranking import RankingConfig, read_ranking, write_ranking
+from edje.model.recall import recall
 
 
 def test_fuse_adds_weighted_similarity_for_numpy_and_torch():
@@ -67,7 +67,7 @@ def test_fitting_the_weight_on_val_prefers_the_right_scorer():
 
 # ------------------------------------------------------------------------------------------ calibration
 def test_platt_fit_recovers_a_known_calibration():
-    from evaluation.calibration import calibration_report, fit_platt
+    from edje.evaluation.calibration import calibration_report, fit_platt
 
     rng = np.random.default_rng(0)
     scores = rng.normal(0, 3, 20000)

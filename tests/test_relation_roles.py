@@ -1,5 +1,5 @@
 """The parse of spatial prepositions gives each relation word its subject and object, on every caption template."""
-from model.relation_roles import NUM_ROLES, OBJECT, RELATION, SUBJECT, role_matrix, word_roles
+from edje.model.relation_roles import NUM_ROLES, OBJECT, RELATION, SUBJECT, role_matrix, word_roles
 
 
 def roles_by_word(caption):
@@ -22,8 +22,8 @@ def test_plain_inverse_pronoun_and_absolute_forms():
 
 
 def test_sample_world_captions_agree_with_their_scenes():
-    from sampleworld.captions import SHAPE_WORDS
-    from sampleworld.world import WorldConfig, sample_records
+    from edje.sampleworld.captions import SHAPE_WORDS
+    from edje.sampleworld.world import WorldConfig, sample_records
 
     SHAPE_OF = {piece: shape for shape, words in SHAPE_WORDS.items() for w in words for piece in w.split()}
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import TINY_BERT
 
-from evaluation.scene_pairs import bootstrap_ci, pairs_by_scene, scene_difference
-from sampleworld.grounding import NOUN_WORDS, bare, caption_grounding
-from sampleworld.scene import Scene, SceneObject
-from sampleworld.world import WorldConfig, generate, sample_records
+from edje.evaluation.scene_pairs import bootstrap_ci, pairs_by_scene, scene_difference
+from edje.sampleworld.grounding import NOUN_WORDS, bare, caption_grounding
+from edje.sampleworld.scene import Scene, SceneObject
+from edje.sampleworld.world import WorldConfig, generate, sample_records
 
 BG = (120, 120, 120)
 
@@ -108,7 +108,7 @@ def test_caption_grounding_names_each_phrase_word_with_its_objects_centre(tmp_pa
                 grounded += 1
     assert grounded > 40 * 5 * 4  # at least two words of two phrases per caption
     world = generate(WorldConfig(seed=3, n_train=8, n_val=4, n_test=0, image_size=32), tmp_path)
-    from schemas.annotations import load_grounding
+    from edje.schemas.annotations import load_grounding
     g = load_grounding(world.annotations["train"])
     assert len(g) == 8 * 5 and all(v.shape[1] == 3 for v in g.values())
     assert len(load_grounding(world.annotations["val"])) == 4 * 5
@@ -116,8 +116,8 @@ def test_caption_grounding_names_each_phrase_word_with_its_objects_centre(tmp_pa
 
 @pytest.fixture(scope="module")
 def encoders(minilm_path):
-    from model.joint_encoder import JointEncoder
-    from schemas.config import JointEncoderConfig
+    from edje.model.joint_encoder import JointEncoder
+    from edje.schemas.config import JointEncoderConfig
     torch.manual_seed(0)
     plain = JointEncoder(JointEncoderConfig(tokenizer=minilm_path, bert_config=TINY_BERT, num_image_tokens=4,
                                             text_embed_dim=8, word_context=3)).eval()
@@ -173,8 +173,8 @@ def test_the_route_carries_subject_minus_object_to_the_relation_word_only(encode
 
 
 def test_fixed_image_positions_do_not_depend_on_the_caption_length(minilm_path):
-    from model.joint_encoder import JointEncoder
-    from schemas.config import JointEncoderConfig
+    from edje.model.joint_encoder import JointEncoder
+    from edje.schemas.config import JointEncoderConfig
     enc = JointEncoder(JointEncoderConfig(tokenizer=minilm_path, bert_config=TINY_BERT, num_image_tokens=4,
                                           text_embed_dim=8, max_text_tokens=16, image_positions="fixed"))
     batch = enc.tokenize_pairs(["a star", "a big red star to the left of a small blue square"], 4)
@@ -187,7 +187,7 @@ def test_fixed_image_positions_do_not_depend_on_the_caption_length(minilm_path):
 
 
 def test_relation_parts_survive_a_checkpoint_and_threads(encoders, tiny_edje_config, tmp_path):
-    from model.edje import EDJEModel, load_checkpoint, save_checkpoint
+    from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
     cfg = replace(tiny_edje_config, encoder=replace(tiny_edje_config.encoder, relation_roles=True, route_layer=2,
                                                      ground_layer=1, image_positions="fixed"))
     model = EDJEModel(cfg, load_language_model=False).eval()
@@ -217,9 +217,9 @@ def test_relation_parts_survive_a_checkpoint_and_threads(encoders, tiny_edje_con
 
 
 def test_a_warm_start_grows_relation_parts_and_seeds_fixed_cell_positions(tiny_edje_config):
-    from model.edje import EDJEModel
-    from training.config import ModelSpec
-    from training.model_init import IMAGE_POSITION_NORM, with_relations
+    from edje.model.edje import EDJEModel
+    from edje.training.config import ModelSpec
+    from edje.training.model_init import IMAGE_POSITION_NORM, with_relations
     cfg = replace(tiny_edje_config, adapter=replace(tiny_edje_config.adapter, kind="local", output_dim=64))
     model = EDJEModel(cfg, load_language_model=False).eval()
     same = with_relations(model, ModelSpec())
@@ -241,7 +241,7 @@ def test_a_warm_start_grows_relation_parts_and_seeds_fixed_cell_positions(tiny_e
 def test_group_masking_weights_make_relation_words_the_masked_group(minilm_path):
     from transformers import AutoTokenizer
 
-    from training.masking import PieceGroups, WordGroups
+    from edje.training.masking import PieceGroups, WordGroups
     tok = AutoTokenizer.from_pretrained(minilm_path)
     ids = torch.tensor([tok("a red circle to the left of a blue square")["input_ids"]] * 200)
     text = torch.ones_like(ids, dtype=torch.bool)
@@ -257,7 +257,7 @@ def test_group_masking_weights_make_relation_words_the_masked_group(minilm_path)
 
 
 def test_flip_relations_reverses_every_spatial_word_and_nothing_else():
-    from model.relation_roles import flip_relations
+    from edje.model.relation_roles import flip_relations
     assert flip_relations("a red circle to the left of a blue square") == "a red circle to the right of a blue square"
     assert flip_relations("Above it, a star; a disc is under the star") == "Below it, a star; a disc is over the star"
     assert flip_relations("a star between a disc on the left and a cross on the right") == (
@@ -266,9 +266,9 @@ def test_flip_relations_reverses_every_spatial_word_and_nothing_else():
 
 
 def test_flip_objective_scores_each_relational_positive_against_its_flipped_caption(encoders):
-    from training.batches import TrainBatch
-    from training.negatives import Negatives
-    from training.objectives import EDJEObjectives
+    from edje.training.batches import TrainBatch
+    from edje.training.negatives import Negatives
+    from edje.training.objectives import EDJEObjectives
 
     class Model(torch.nn.Module):
         def __init__(self, encoder):

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from training.config import TrainJobConfig
-from training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
-from training.loop import learning_rate
-from training.sampler import BatchPlanner, CurriculumConfig
+from edje.training.config import TrainJobConfig
+from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
+from edje.training.loop import learning_rate
+from edje.training.sampler import BatchPlanner, CurriculumConfig
 
 
 def _families(n_families: int, size: int = 4, dim: int = 16, seed: int = 0):
@@ -99,7 +99,7 @@ def test_learning_rate_is_step_based_warmup_then_cosine_to_a_floor():
 def test_a_resumed_epoch_continues_with_the_first_batch_not_consumed():
     import pyarrow as pa
 
-    from training.loop import Position, planned_batches
+    from edje.training.loop import Position, planned_batches
 
     ids, emb = _families(32)
     table = pa.table({"image_id": ids, "row": list(range(len(ids)))})
@@ -115,8 +115,8 @@ def test_a_resumed_epoch_continues_with_the_first_batch_not_consumed():
 def test_training_checkpoint_restores_weights_optimizer_and_position(tiny_edje_config, tmp_path):
     import torch
 
-    from model.edje import EDJEModel
-    from training.loop import Position, _load_training_checkpoint, build_optimizer, save_training_checkpoint
+    from edje.model.edje import EDJEModel
+    from edje.training.loop import Position, _load_training_checkpoint, build_optimizer, save_training_checkpoint
 
     torch.manual_seed(0)
     model = EDJEModel(tiny_edje_config)

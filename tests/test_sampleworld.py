@@ -19,9 +19,9 @@ import pytest
 import requests
 from PIL import Image
 
-from sampleworld import SPLITS, WorldConfig, generate, load_world, serve_directory, write_url_list
-from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
-from sampleworld.scene import COLOURS, relation_between
+from edje.sampleworld import SPLITS, WorldConfig, generate, load_world, serve_directory, write_url_list
+from edje.sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
+from edje.sampleworld.scene import COLOURS, relation_between
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = WorldConfig(seed=7, n_train=48, n_val=16, n_test=32, image_size=96, family_size=4, captions_per_image=5)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sampleworld.family import sample_family
-from sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
-from schemas.token_table import decode_tokens, read_token_table, vector_matrix
+from edje.sampleworld.family import sample_family
+from edje.sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
+from edje.schemas.token_table import decode_tokens, read_token_table, vector_matrix
 
 
 def _attribute_at(tok: SceneTokenizer, tokens: np.ndarray, table: dict) -> list:
@@ -52,12 +52,12 @@ def test_the_same_bag_of_attributes_is_not_the_same_tokens():
 def test_scene_token_tables_name_their_source_and_keep_the_backbones_embeddings(tmp_path):
     import open_clip
 
-    from evaluation.tables import encode_annotations
-    from model.backbone import VisionBackbone
-    from sampleworld.world import WorldConfig, generate
-    from schemas.config import BackboneConfig, EDJEConfig
-    from training.config import ModelSpec
-    from training.model_init import check_backbone, edje_config
+    from edje.evaluation.tables import encode_annotations
+    from edje.model.backbone import VisionBackbone
+    from edje.sampleworld.world import WorldConfig, generate
+    from edje.schemas.config import BackboneConfig, EDJEConfig
+    from edje.training.config import ModelSpec
+    from edje.training.model_init import check_backbone, edje_config
 
     generate(WorldConfig(seed=9, n_train=0, n_val=0, n_test=16), tmp_path / "world")
     torch.manual_seed(0)
@@ -75,7 +75,7 @@ def test_scene_token_tables_name_their_source_and_keep_the_backbones_embeddings(
     # The first stage is the backbone's, row for row; the tokens are the scene's.
     assert scene.column("image_id").to_pylist() == real.column("image_id").to_pylist()
     np.testing.assert_array_equal(vector_matrix(scene.column("image_embedding")), vector_matrix(real.column("image_embedding")))
-    from sampleworld.world import load_world
+    from edje.sampleworld.world import load_world
     by_id = load_world(tmp_path / "world").by_id()
     want = SceneTokenizer().batch([by_id[i].scene for i in scene.column("image_id").to_pylist()])
     np.testing.assert_allclose(decode_tokens(scene, meta), want, atol=2e-3)

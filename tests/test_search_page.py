@@ -19,8 +19,8 @@ import requests
 from PIL import Image
 from world_serving import Remote
 
-from serving.config import DeploymentResources, ServeConfig
-from serving.startup import StartupConfig
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.startup import StartupConfig
 
 os.environ.update(StartupConfig().env())
 
@@ -42,9 +42,9 @@ class _Reranker:
 
 def _app(tmp_path, ui=True, **fields):
     """The app one Ingress replica would serve for a configuration, built without Ray (routes only)."""
-    from model.ranking import RankingConfig
-    from serving.ingress import Ingress, build_api
-    from serving.shards import ShardedCorpus
+    from edje.model.ranking import RankingConfig
+    from edje.serving.ingress import Ingress, build_api
+    from edje.serving.shards import ShardedCorpus
 
     reranker = fields.pop("reranker", None) or _Reranker()
     cls = Ingress.func_or_class
@@ -149,7 +149,7 @@ def test_the_script_calls_only_routes_the_app_has(tmp_path):
 
 
 def test_thumbnails_from_the_image_folder_and_live_bytes_behind_the_token(tmp_path):
-    from serving.live_sources import keep_source
+    from edje.serving.live_sources import keep_source
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -176,7 +176,7 @@ def test_thumbnails_from_the_image_folder_and_live_bytes_behind_the_token(tmp_pa
 
 
 def test_thumbnail_helpers():
-    from serving.thumbnails import make_thumbnail, prefix_url
+    from edje.serving.thumbnails import make_thumbnail, prefix_url
 
     assert prefix_url("https://cdn.example/i/", "a b/c") == "https://cdn.example/i/a%20b%2Fc"
     assert prefix_url("https://cdn.example/{image_id}.jpg?s=1", "x/../y") == "https://cdn.example/x%2F..%2Fy.jpg?s=1"
@@ -192,7 +192,7 @@ def world(tmp_path_factory):
     """16 test images; the table's urls name a loopback server that is stopped before anything is served."""
     from world_serving import encode_world
 
-    from sampleworld.server import serve_directory
+    from edje.sampleworld.server import serve_directory
 
     root = tmp_path_factory.mktemp("page-world")
     holder = root / "www"
@@ -280,7 +280,7 @@ def test_an_added_image_has_a_thumbnail_and_is_searched_at_once(served, world):
     r = http.post(url + "/v1/images", json={"image": "data:image/png;base64," + base64.b64encode(data).decode(),
                                             "id": "mirrored-3"}, timeout=120)
     assert r.status_code == 200, r.text
-    from serving.live_sources import source_path
+    from edje.serving.live_sources import source_path
 
     assert Path(source_path(cfg.live_dir, "mirrored-3")).read_bytes() == data  # the bytes are kept
     thumb = http.get(url + "/v1/images/mirrored-3/thumbnail", timeout=60)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.config import DeploymentResources, ServeConfig
-from serving.startup import StartupConfig
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.startup import StartupConfig
 
 os.environ.update(StartupConfig().env())
 
@@ -57,7 +57,7 @@ def image_server(world):
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - pytest output stays readable
+    def log_message(self, format, *args):
         pass
 
 
@@ -146,7 +146,7 @@ def test_the_page_in_chromium(browser, served, world, image_server):  # browser 
     url, http = served
     d = browser
     d.get(url + "/ui")
-    dialog = lambda: d.execute_script("return document.querySelector('#token-dialog').open")  # noqa: E731
+    dialog = lambda: d.execute_script("return document.querySelector('#token-dialog').open")
     # No token: the page asks for one at once (GET /v1/info is refused); a search asks again and shows nothing.
     _wait(d, "the token prompt", lambda _: dialog())
     d.find_element(By.ID, "token-cancel").click()

@@ -17,13 +17,13 @@ import pytest
 import requests
 import torch
 
-from model.edje import load_checkpoint
-from schemas.token_table import decode_tokens, read_token_tables
-from serving.config import DeploymentResources, ServeConfig
-from serving.ingress import BATCH_HEADER, REPLICA_HEADER
-from serving.miner_client import MinerError, fetch_negatives, neighbour_batch
-from serving.random_corpus import write_random_corpus
-from serving.startup import StartupConfig
+from edje.model.edje import load_checkpoint
+from edje.schemas.token_table import decode_tokens, read_token_tables
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.ingress import BATCH_HEADER, REPLICA_HEADER
+from edje.serving.random_corpus import write_random_corpus
+from edje.serving.startup import StartupConfig
+from edje.training.miner_client import MinerError, fetch_negatives, neighbour_batch
 
 # The project's Serve proxy health checks (serving.startup): the local Ray these tests start inherits them,
 # so that a loaded machine does not kill the proxy mid-start.
@@ -52,7 +52,7 @@ def corpus(tmp_path_factory, tiny_edje_config):
 def served(ray_local, corpus, tmp_path_factory):
     from ray import serve
 
-    from serving.app import build
+    from edje.serving.app import build
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -199,7 +199,7 @@ def test_search_first_stage_then_rerank(served, corpus, reference):
     scores = [x["relevance_score"] for x in results]
     assert scores == sorted(scores, reverse=True)
     # The candidates are the first stage's top 8 by cosine: check against the stored embeddings.
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
 
     table, _ = read_token_tables(corpus.compressed_tables, columns=["image_id", "image_embedding"])
     emb = np.stack(table.column("image_embedding").to_numpy(zero_copy_only=False))
@@ -359,7 +359,7 @@ def _valid_requests(corpus):
 def test_every_route_checks_the_token_before_anything_else(served, corpus):
     """Generated from the app's own route table (its OpenAPI paths): 401 without the right token whatever the
     body (auth runs before validation), success with it."""
-    from serving.ingress import PUBLIC_PATHS
+    from edje.serving.ingress import PUBLIC_PATHS
 
     url, http = served
     spec = requests.get(url + "/openapi.json").json()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import requests
 
-from serving.config import DeploymentResources, ServeConfig
-from serving.startup import StartupConfig
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.startup import StartupConfig
 
 os.environ.update(StartupConfig().env())
 
@@ -28,9 +28,9 @@ def unseen_world(tmp_path_factory):
     """Seed-23 test split (48 images in families of twins), compressed int8 tables made with the checkpoint's adapter."""
     from conftest import encode_world_with_checkpoint
 
-    from evaluation.rerank_eval import family_groups
-    from schemas.annotations import load_annotations
-    from schemas.token_table import build_table, write_token_table
+    from edje.evaluation.rerank_eval import family_groups
+    from edje.schemas.annotations import load_annotations
+    from edje.schemas.token_table import build_table, write_token_table
 
     root = tmp_path_factory.mktemp("unseen")
     ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, 23, 48, CHECKPOINT)
@@ -43,8 +43,8 @@ def unseen_world(tmp_path_factory):
 def test_relevance_is_calibrated_on_an_unseen_world(ray_local, unseen_world):
     from ray import serve
 
-    from model.ranking import read_ranking
-    from serving.app import build
+    from edje.model.ranking import read_ranking
+    from edje.serving.app import build
 
     ann, families, tables = unseen_world
     rule = read_ranking(CHECKPOINT)

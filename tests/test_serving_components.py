@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import int8_half_step
 
-from model.edje import load_checkpoint, read_checkpoint_config
-from model.scoring import decode_blobs
-from schemas.annotations import load_annotations
-from schemas.token_table import (
+from edje.model.edje import load_checkpoint, read_checkpoint_config
+from edje.model.scoring import decode_blobs
+from edje.model.token_store import TokenStore, UnknownImageIds
+from edje.schemas.annotations import load_annotations
+from edje.schemas.token_table import (
     TableMetadata,
     TableMismatchError,
     build_table,
@@ -21,12 +22,11 @@ from schemas.token_table import (
     vector_matrix,
     write_token_table,
 )
-from serving.config import DeploymentResources, ServeConfig
-from serving.first_stage import EmbeddingIndex
-from serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus
-from serving.miner_client import MinedNegatives, neighbour_batch
-from serving.random_corpus import write_random_corpus
-from serving.token_store import TokenStore, UnknownImageIds
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.first_stage import EmbeddingIndex
+from edje.serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus
+from edje.serving.random_corpus import write_random_corpus
+from edje.training.miner_client import MinedNegatives, neighbour_batch
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_store_names_unknown_ids(store):
 
 def test_store_tokens_score_like_the_adapter_output(corpus, store):
     """int8 tokens from the store score within quantization noise of the adapter's float output."""
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
     model = load_checkpoint(corpus.checkpoint).eval()
     # The float adapter output, recomputed the way write_random_corpus made it (same seed, images, chunks).
     backbone = VisionBackbone.create(corpus.config.backbone)
@@ -120,7 +120,7 @@ def test_store_keeps_one_row_per_duplicated_id(corpus):
 
 
 def test_annotations_and_raw_tables_make_one_caption_corpus(corpus):
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
 
     ann = load_annotations(corpus.annotations)
     pairs = [(ann.image_ids[ann.caption_image[j]], c) for j, c in enumerate(ann.captions)]
@@ -183,7 +183,7 @@ def test_embedding_index_is_inner_product():
 @pytest.mark.parametrize("factory", ["Flat", "HNSW8"])
 def test_embedding_index_gives_rows_back_and_excludes_a_query_image(factory):
     """Mixed-modal search's first-stage pieces: a stored vector by id (exact, whatever the index), exclusion."""
-    from serving.first_stage import combine_query
+    from edje.serving.first_stage import combine_query
 
     rng = np.random.default_rng(1)
     v = rng.normal(size=(30, 8)).astype(np.float32)
@@ -233,7 +233,7 @@ def test_serve_config_checks_and_parses():
 def test_serve_job_flags_override_the_config_file(tmp_path, monkeypatch):
     import yaml
 
-    from jobs.serve import config_from_args, parse
+    from edje.jobs.serve import config_from_args, parse
 
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump({"args": {"checkpoint": "c", "token_tables": ["a.parquet"], "max_documents": 50}}))
@@ -246,7 +246,7 @@ def test_serve_job_flags_override_the_config_file(tmp_path, monkeypatch):
 
 def test_app_refuses_mismatched_tables_at_start_up(corpus, tmp_path, tiny_edje_config):
     """`serve run`'s builder (and jobs/serve.py's build) refuse tables of another adapter before deploying anything."""
-    from serving.app import build_app
+    from edje.serving.app import build_app
 
     other = write_random_corpus(str(tmp_path / "other"), tiny_edje_config, num_images=4, num_tables=1, seed=1)
     args = {"checkpoint": corpus.checkpoint, "token_tables": [corpus.compressed_tables[0], other.compressed_tables[0]]}
@@ -260,7 +260,7 @@ def test_one_image_id_rule_for_evaluation_and_the_miner(tmp_path, corpus):
     """An entry without image_id is named by its image path as written, by every reader."""
     import json
 
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
 
     entries = [{"image": "images/a.jpg", "caption": ["a red circle"]},
                {"image": "images/b.jpg", "caption": "a blue square", "image_id": "b-id"}]

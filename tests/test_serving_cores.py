@@ -4,8 +4,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORES = ["serving.reranker_core", "serving.first_stage", "serving.miner", "serving.token_store", "serving.live_images",
-         "model.scoring", "model.token_encoder", "model.embedding_index", "edje"]
+CORES = ["edje.serving.reranker_core", "edje.serving.first_stage", "edje.serving.miner", "edje.model.token_store",
+         "edje.serving.live_images", "edje.model.scoring", "edje.model.token_encoder", "edje.model.embedding_index", "edje"]
 
 
 def test_cores_import_no_ray_serve():
@@ -16,9 +16,9 @@ def test_cores_import_no_ray_serve():
 
 
 def test_app_builds_deployments_around_the_plain_classes():
-    from serving.app import FirstStageDeployment, MinerDeployment
-    from serving.first_stage import FirstStage
-    from serving.miner import Miner
+    from edje.serving.app import FirstStageDeployment, MinerDeployment
+    from edje.serving.first_stage import FirstStage
+    from edje.serving.miner import Miner
 
     # The first stage's deployment is a thin subclass that adds metrics (serving/deployments.py).
     assert issubclass(FirstStageDeployment.func_or_class, FirstStage) and MinerDeployment.func_or_class is Miner

@@ -13,11 +13,11 @@ import pytest
 import requests
 import torch
 
-from jobs.encode_cc12m import config_from_args
-from jobs.encode_cc12m import main as encode_main
-from schemas.shipped import DEFAULT_BACKBONE, shipped_weights
-from schemas.token_table import decode_tokens, read_metadata, read_token_tables
-from serving.startup import StartupConfig
+from edje.jobs.encode_cc12m import config_from_args
+from edje.jobs.encode_cc12m import main as encode_main
+from edje.schemas.shipped import DEFAULT_BACKBONE, shipped_weights
+from edje.schemas.token_table import decode_tokens, read_metadata, read_token_tables
+from edje.serving.startup import StartupConfig
 
 # The project's Serve proxy health checks (serving.startup): the local Ray these tests start inherits them,
 # so that a loaded machine does not kill the proxy mid-start.
@@ -39,9 +39,9 @@ def test_encode_job_defaults_to_the_shipped_weights_and_refuses_random_ones(caps
 def test_serving_the_tables_the_encode_job_wrote(ray_local, tmp_path, tiny_edje_config):
     from ray import serve
 
-    from model.edje import EDJEModel, load_checkpoint, save_checkpoint
-    from serving.app import build
-    from serving.config import DeploymentResources, ServeConfig
+    from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources, ServeConfig
 
     world = ["--world-dir", str(tmp_path / "world"), "--world-images", "24", "--batch-size", "16", "--shard-size", "12"]
     # Raw tables with every default: the shipped trained backbone, not random weights.

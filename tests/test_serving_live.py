@@ -16,11 +16,11 @@ import pytest
 import requests
 from PIL import Image
 
-from sampleworld.server import serve_directory
-from serving.config import DeploymentResources, ServeConfig
-from serving.ingress import REPLICA_HEADER
-from serving.random_corpus import write_random_corpus
-from serving.startup import StartupConfig
+from edje.sampleworld.server import serve_directory
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.ingress import REPLICA_HEADER
+from edje.serving.random_corpus import write_random_corpus
+from edje.serving.startup import StartupConfig
 
 os.environ.update(StartupConfig().env())
 
@@ -44,7 +44,7 @@ def corpus(tmp_path_factory, tiny_edje_config):
 @pytest.fixture(scope="module")
 def images(tmp_path_factory, corpus):
     """A loopback file server with: corpus image 0 as PNG (the stored pixels), a too-large file, a bomb, junk."""
-    from model.backbone import VisionBackbone
+    from edje.model.backbone import VisionBackbone
 
     root = tmp_path_factory.mktemp("images")
     size = VisionBackbone.create(corpus.config.backbone).preprocess.size
@@ -73,7 +73,7 @@ def _config(corpus, live_dir) -> ServeConfig:
 def served(ray_local, corpus, tmp_path_factory):
     from ray import serve
 
-    from serving.app import build
+    from edje.serving.app import build
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,7 +200,7 @@ def test_bad_images_are_4xx_naming_the_problem(served, images, corpus):
 def test_added_images_survive_a_restart(served, images, corpus):
     from ray import serve
 
-    from serving.app import build
+    from edje.serving.app import build
 
     url, http, cfg = served
     _, root = images

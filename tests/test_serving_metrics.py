@@ -20,8 +20,8 @@ import pytest
 import requests
 import yaml
 
-from serving.random_corpus import write_random_corpus
-from serving.startup import StartupConfig
+from edje.serving.random_corpus import write_random_corpus
+from edje.serving.startup import StartupConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "metrics-token"
@@ -49,8 +49,8 @@ def test_request_metrics_label_by_route_template_and_count_every_status():
     from fastapi import FastAPI, HTTPException
     from fastapi.testclient import TestClient
 
-    from serving.ingress import BearerAuth
-    from serving.serve_metrics import OTHER_ROUTE, RequestMetrics
+    from edje.serving.ingress import BearerAuth
+    from edje.serving.serve_metrics import OTHER_ROUTE, RequestMetrics
 
     app = FastAPI()
 
@@ -98,9 +98,9 @@ async def _answer():
 def test_readyz_names_the_deployment_that_does_not_answer(tmp_path):
     from fastapi.testclient import TestClient
 
-    from model.ranking import RankingConfig
-    from serving.config import ServeConfig
-    from serving.ingress import Ingress, build_api
+    from edje.model.ranking import RankingConfig
+    from edje.serving.config import ServeConfig
+    from edje.serving.ingress import Ingress, build_api
 
     cfg = ServeConfig(miner_image_tables=("unused",), caption_sources=("unused",), auth_token="t", ready_timeout_s=0.3)
     ing = object.__new__(Ingress.func_or_class)  # the class Serve deploys, without Serve's replica wrapper
@@ -301,7 +301,7 @@ def test_every_response_echoes_the_request_id_and_cohere_id_is_it(served, corpus
 
 @pytest.mark.slow
 def test_requests_and_forward_passes_are_exported(served, corpus, metrics_port):
-    from serving.ingress import BATCH_HEADER
+    from edje.serving.ingress import BATCH_HEADER
 
     before = settled(metrics_port)
     n, sizes = 5, [2, 3, 4, 5, 6]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from schemas.token_table import read_token_tables
-from serving.config import ServeConfig
-from serving.random_corpus import write_random_corpus
-from serving.startup import StartupConfig
+from edje.schemas.token_table import read_token_tables
+from edje.serving.config import ServeConfig
+from edje.serving.random_corpus import write_random_corpus
+from edje.serving.startup import StartupConfig
 
 # The project's Serve proxy health checks (serving.startup): the local Ray these tests start inherits them,
 # so that a loaded machine does not kill the proxy mid-start.
@@ -33,7 +33,7 @@ def free_port() -> int:
 def test_pretrain_takes_its_negatives_from_the_miner_service(ray_local, tmp_path, tiny_edje_config):
     from ray import serve
 
-    from serving.app import build
+    from edje.serving.app import build
 
     corpus = write_random_corpus(str(tmp_path / "corpus"), tiny_edje_config, num_images=32, num_tables=1)
     port = free_port()

@@ -25,7 +25,7 @@ def pairs(tmp_path_factory):
     """Captions x compressed int8 tokens of an unseen sample world, and the table's metadata."""
     from conftest import encode_world_with_checkpoint
 
-    from schemas.annotations import load_annotations
+    from edje.schemas.annotations import load_annotations
 
     ann_path, _, tokens, cmeta = encode_world_with_checkpoint(tmp_path_factory.mktemp("precision"), 29, 24, CHECKPOINT)
     blob, scales = cmeta.codec.encode(tokens)
@@ -38,16 +38,16 @@ def pairs(tmp_path_factory):
 
 
 def _served(meta, texts, blob, scales, precision: str) -> np.ndarray:
-    from model.scoring import PairScorer
-    from serving.reranker_core import PairChunk, score_chunks
+    from edje.model.scoring import PairScorer
+    from edje.serving.reranker_core import PairChunk, score_chunks
 
     scorer = PairScorer.from_checkpoint(CHECKPOINT, "cpu", precision)
     return np.concatenate(score_chunks(scorer, meta, [PairChunk(texts, blob, scales)]))
 
 
 def test_served_scores_match_evaluation_per_precision(pairs):
-    from model.edje import load_checkpoint
-    from model.scoring import decode_blobs
+    from edje.model.edje import load_checkpoint
+    from edje.model.scoring import decode_blobs
 
     meta, texts, blob, scales, n = pairs
     model = load_checkpoint(CHECKPOINT).eval()

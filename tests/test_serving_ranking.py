@@ -13,14 +13,14 @@ import pytest
 import requests
 import torch
 
-from model.backbone import VisionBackbone
-from model.edje import load_checkpoint
-from model.ranking import RankingConfig, read_ranking, write_ranking
-from schemas.config import BackboneConfig
-from schemas.token_table import decode_tokens, read_token_tables, vector_matrix
-from serving.config import DeploymentResources, ServeConfig
-from serving.random_corpus import write_random_corpus
-from serving.startup import StartupConfig, start_serve
+from edje.model.backbone import VisionBackbone
+from edje.model.edje import load_checkpoint
+from edje.model.ranking import RankingConfig, read_ranking, write_ranking
+from edje.schemas.config import BackboneConfig
+from edje.schemas.token_table import decode_tokens, read_token_tables, vector_matrix
+from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.random_corpus import write_random_corpus
+from edje.serving.startup import StartupConfig, start_serve
 
 pytestmark = pytest.mark.slow  # Ray Train / Serve on a local cluster
 
@@ -60,7 +60,7 @@ def fused_url(ray_local, fused_corpus):
     """One Serve app over the fused checkpoint for the module's tests (start-up is the slow part)."""
     from ray import serve
 
-    from serving.app import build
+    from edje.serving.app import build
 
     corpus, fused = fused_corpus
     with socket.socket() as s:

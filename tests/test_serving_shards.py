@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import requests
 
-from serving.shards import filter_shard, merge_hits, shard_of
+from edje.model.shards import filter_shard, shard_of
+from edje.serving.shards import merge_hits
 
 
 def test_shard_of_is_stable_and_spreads_ids():
@@ -31,7 +32,7 @@ def test_shard_of_does_not_depend_on_the_process():
     import subprocess
     import sys
 
-    code = "from serving.shards import shard_of; print([shard_of(f'x{i}', 5) for i in range(20)])"
+    code = "from edje.model.shards import shard_of; print([shard_of(f'x{i}', 5) for i in range(20)])"
     root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout for seed in ("1", "2")}
@@ -55,8 +56,8 @@ def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
     from ray.cluster_utils import Cluster
     from world_serving import CHECKPOINT, encode_world, free_port
 
-    from serving.app import build
-    from serving.config import DeploymentResources, ServeConfig
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources, ServeConfig
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3})
     for _ in range(2):
@@ -114,7 +115,7 @@ def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
         assert added.status_code == 200, added.text
         owner = shard_of("added-1", 3)
         assert (tmp_path / "live-three" / f"shard-{owner:03d}" / "LOG").exists()
-        rows = lambda: [s["images"] for s in requests.get(f"{base}/three/v1/info", timeout=60).json()["shards"]]  # noqa: E731
+        rows = lambda: [s["images"] for s in requests.get(f"{base}/three/v1/info", timeout=60).json()["shards"]]
         assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
         serve.delete("three")
         serve.run(build(three), name="three", route_prefix="/three")
@@ -131,7 +132,7 @@ def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
 
 
 def test_serve_flags_choose_shards_and_index(tmp_path):
-    from jobs.serve import config_from_args, parse
+    from edje.jobs.serve import config_from_args, parse
 
     (tmp_path / "t.parquet").write_bytes(b"")
     cfg = config_from_args(parse(["--checkpoint", "c", "--tokens", str(tmp_path / "t.parquet"), "--shards", "3",

@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from serving.random_corpus import write_random_corpus
+from edje.serving.random_corpus import write_random_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -122,10 +122,10 @@ def test_serve_job_starts_under_cpu_load_and_binds_loopback(corpus, cpu_hogs, tm
 
 def test_serve_run_of_the_shipped_config_file(tmp_path):
     """`serve run serve_config.yaml` as shipped (only its port moved to a free one), after the one step its header
-    and the README name: `python -m serving.random_corpus runs/serve-demo`, run where `serve run` then runs."""
-    from serving.random_corpus import caption_of
+    and the README name: `python -m edje.serving.random_corpus runs/serve-demo`, run where `serve run` then runs."""
+    from edje.serving.random_corpus import caption_of
 
-    step = subprocess.run([sys.executable, "-m", "serving.random_corpus", "runs/serve-demo", "--images", "24"],
+    step = subprocess.run([sys.executable, "-m", "edje.serving.random_corpus", "runs/serve-demo", "--images", "24"],
                           cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=600)
     assert step.returncode == 0, step.stderr[-4000:]
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())

@@ -3,7 +3,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.token_table import (
+from edje.schemas.token_table import (
     TableMetadata,
     TableMismatchError,
     build_table,
@@ -91,7 +91,7 @@ def test_bad_shapes_are_named():
 
 
 def test_expand_paths_takes_files_folders_and_globs(tmp_path):
-    from schemas.token_table import expand_paths
+    from edje.schemas.token_table import expand_paths
     ids, tokens, emb = _rows(3)
     for i in range(2):
         write_token_table(build_table(_meta(), ids, tokens, emb), str(tmp_path / f"part-{i}.parquet"))

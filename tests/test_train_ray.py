@@ -23,9 +23,9 @@ PRETRAIN = [sys.executable, str(ROOT / "jobs" / "pretrain.py")]
 @pytest.fixture(scope="module")
 def pipeline_tables(ray_local, tmp_path_factory):
     """Raw token tables of a 48-image sample world, written by the encode pipeline (jobs/encode_cc12m.py)."""
-    from pipeline.job import run_encode_job
-    from schemas.encode_job import EncodeJobConfig
-    from schemas.shipped import DEFAULT_BACKBONE, shipped_weights
+    from edje.pipeline.job import run_encode_job
+    from edje.schemas.encode_job import EncodeJobConfig
+    from edje.schemas.shipped import DEFAULT_BACKBONE, shipped_weights
 
     root = tmp_path_factory.mktemp("trainworld")
     # The job's default weights (jobs/encode_cc12m.py resolves them), so that the tables can be checked against them.
@@ -85,7 +85,7 @@ def test_two_worker_pretrain_checkpoints_and_resumes_after_kill(ray_local, pipel
     final_step, final_dir = _checkpoints(storage, "r1")[-1]
     assert final_step == 6
     # The checkpoint inside is our format: it loads as an EDJE model.
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
     model = load_checkpoint(str(final_dir))
     assert model.config.adapter.num_queries == 8 and model.encoder.hidden_size == 64
 
@@ -128,8 +128,8 @@ def local_run(ray_local, pipeline_tables, tmp_path_factory):
 
 
 def test_pretrain_with_local_adapter_and_sampled_negatives(local_run, pipeline_tables):
-    from model.edje import load_checkpoint
-    from schemas.token_table import read_metadata
+    from edje.model.edje import load_checkpoint
+    from edje.schemas.token_table import read_metadata
     export, rows = local_run
     meta = read_metadata(str(sorted(pipeline_tables.glob("*.parquet"))[0]))
     model = load_checkpoint(str(export))
@@ -139,7 +139,7 @@ def test_pretrain_with_local_adapter_and_sampled_negatives(local_run, pipeline_t
 
 
 def test_finetune_starts_from_the_init_checkpoint(local_run, pipeline_tables, tmp_path, ray_local):
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
     init, _ = local_run
     # The model flags match the init's shape, so a run that ignored --init would still train: from random
     # weights, and another seed than the init's own start (the same seed would rebuild it).
@@ -152,7 +152,7 @@ def test_finetune_starts_from_the_init_checkpoint(local_run, pipeline_tables, tm
 
 
 def test_distill_trains_a_compressed_student_on_the_teachers_scores(local_run, pipeline_tables, tmp_path, ray_local):
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
     teacher_dir, _ = local_run
     export, rows = _train("distill.py", pipeline_tables, tmp_path, "distill", ray_local.get_runtime_context().gcs_address,
                           "--teacher", str(teacher_dir), "--adapter", "compressed", "--num-queries", "8", "--seed", "1")
@@ -168,9 +168,9 @@ def test_distill_trains_a_compressed_student_on_the_teachers_scores(local_run, p
 def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipeline_tables):
     import numpy as np
 
-    from model.backbone import VisionBackbone
-    from schemas.config import BackboneConfig
-    from schemas.token_table import read_token_tables, vector_matrix
+    from edje.model.backbone import VisionBackbone
+    from edje.schemas.config import BackboneConfig
+    from edje.schemas.token_table import read_token_tables, vector_matrix
     table, meta = read_token_tables(sorted(str(p) for p in pipeline_tables.glob("*.parquet")))
     captions = table.column("caption").to_pylist()
     backbone = VisionBackbone.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer))
@@ -182,7 +182,7 @@ def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipel
 
 def test_pretrain_with_the_binding_levers(pipeline_tables, tmp_path, ray_local):
     """Group MLM, word context and the 2-D adapter position reach the worker loop and the exported model."""
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
     export, rows = _train("pretrain.py", pipeline_tables, tmp_path, "bind", ray_local.get_runtime_context().gcs_address,
                           "--adapter", "local", "--objectives", "itm", "mlm", "--mlm-masking", "groups",
                           "--word-context", "3", "--adapter-position", "2d")
@@ -195,7 +195,7 @@ def test_relation_parts_are_added_to_an_init_checkpoint_and_grounding_trains(loc
     """--relation-roles / --route-layer / --ground-layer / --image-positions grow a trained checkpoint (its weights
     kept, the new parts from 0), the ground objective reads the world's grounding annotations, and the relation
     group's mask weight and the flip objective reach the worker."""
-    from model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint
     init, _ = local_run
     world = pipeline_tables.parent.parent / "world"
     grounding = [str(world / f"flickr30k_{s}.json") for s in ("train", "val", "test")]

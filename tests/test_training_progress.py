@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from training.loop import format_duration, progress_text
+from edje.training.loop import format_duration, progress_text
 
 
 def test_format_duration_is_hours_minutes_seconds():
@@ -29,8 +29,8 @@ def test_progress_text_without_a_total_or_a_timed_step():
 
 
 def test_backbone_training_reports_within_each_epoch(tmp_path):
-    from sampleworld import WorldConfig, generate
-    from training.backbone import BackboneTrainConfig, train_backbone
+    from edje.sampleworld import WorldConfig, generate
+    from edje.training.backbone import BackboneTrainConfig, train_backbone
 
     torch.set_num_threads(1)
     world = generate(WorldConfig(seed=3, n_train=48, n_val=0, n_test=0, image_size=64), tmp_path / "world")

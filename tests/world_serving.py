@@ -48,8 +48,8 @@ def encode_world(root: Path, seed: int, n_test: int, base_url: str) -> World:
     """Generate and encode a world's test split; the table's urls are `base_url`/images/<id>.jpg."""
     from conftest import encode_world_with_checkpoint
 
-    from schemas.annotations import load_annotations
-    from schemas.token_table import build_table, write_token_table
+    from edje.schemas.annotations import load_annotations
+    from edje.schemas.token_table import build_table, write_token_table
 
     ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, seed, n_test, CHECKPOINT)
     ids = table.column("image_id").to_pylist()
@@ -72,7 +72,7 @@ def start_app(config, name: str = "edje") -> str:
     """Start Serve on a free loopback port with one application of `config`; its base url."""
     from ray import serve
 
-    from serving.app import build
+    from edje.serving.app import build
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

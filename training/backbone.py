@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-import model.backbone  # noqa: F401  registers the project's open_clip configs
-from model.recall import embedding_recall
-from sampleworld.captions import colour_caption, shape_caption
-from sampleworld.scene import Scene
-from schemas.annotations import Annotations, load_annotations, load_images
-from training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
+import edje.model.backbone  # noqa: F401  registers the project's open_clip configs
+from edje.model.image_decode import load_image_files
+from edje.model.recall import embedding_recall
+from edje.sampleworld.captions import colour_caption, shape_caption
+from edje.sampleworld.scene import Scene
+from edje.schemas.annotations import Annotations, load_annotations
+from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 5
 
 def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print) -> Dict:
     """Train, evaluate, and write `cfg.output` (fp16 safetensors) plus a JSON record next to it."""
-    from model.device import pick_device
+    from edje.model.device import pick_device
 
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
@@ -161,7 +162,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     tokenizer = open_clip.get_tokenizer(cfg.model)
     size = image_size(clip)
     train = load_annotations(cfg.train_annotations)
-    images = preprocess(clip, load_images(train.image_paths, size)).to(device)
+    images = preprocess(clip, load_image_files(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions).to(device)
     per_image = train.image_to_captions()
@@ -176,7 +177,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
-        evaluation = (ev, preprocess(clip, load_images(ev.image_paths, size)).to(device))
+        evaluation = (ev, preprocess(clip, load_image_files(ev.image_paths, size)).to(device))
     steps_per_epoch = math.ceil(train.num_images / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     decay = [p for n, p in clip.named_parameters() if p.ndim >= 2 and "embedding" not in n]

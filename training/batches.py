@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from schemas.token_table import TableMetadata, decode_tokens, vector_matrix
+from edje.schemas.token_table import TableMetadata, decode_tokens, vector_matrix
 
 RAW_COLUMNS = ["image_id", "tokens", "image_embedding", "caption", "text_embedding"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple
 
-from training.sampler import CurriculumConfig
+from edje.training.sampler import CurriculumConfig
 
 Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip"]
 OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip")

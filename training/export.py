@@ -1,6 +1,6 @@
 """Copy an EDJE checkpoint with its weights stored as fp16 (half the bytes; loading upcasts to fp32).
 
-  python -m training.export runs/binding_backbone/model_cont checkpoints/edje-local-bind
+  python -m edje.training.export runs/binding_backbone/model_cont checkpoints/edje-local-bind
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from model.edje import load_checkpoint, read_checkpoint_config, save_checkpoint
+from edje.model.edje import load_checkpoint, read_checkpoint_config, save_checkpoint
 
 
 def export_fp16(src: str, dst: str) -> int:

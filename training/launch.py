@@ -13,9 +13,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import fsspec
 
-from schemas.token_table import TableMetadata, expand_paths, read_metadata
-from training.config import OBJECTIVES, ModelSpec, TrainJobConfig
-from training.sampler import CurriculumConfig
+from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata
+from edje.training.config import OBJECTIVES, ModelSpec, TrainJobConfig
+from edje.training.sampler import CurriculumConfig
 
 
 def expand_tables(paths: Sequence[str]) -> List[str]:
@@ -114,7 +114,7 @@ def checkpoint_candidates(storage: str, name: str) -> List[Tuple[int, str]]:
 
 def _entry(config: dict) -> None:
     # Imported inside the worker so that the driver never builds a model.
-    from training.loop import train_loop_per_worker
+    from edje.training.loop import train_loop_per_worker
     # Scanned whenever a worker group starts, so that a group restarted after a failure (--max-failures)
     # resumes from the checkpoints written since launch, also where Ray's own snapshot lags behind them.
     train_loop_per_worker({**config, "resume_candidates": checkpoint_candidates(config["storage"], config["job"].name)})

@@ -20,17 +20,17 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from model.edje import EDJEModel, load_checkpoint, save_checkpoint
-from schemas.annotations import load_grounding
-from schemas.token_table import TableMetadata, vector_matrix
-from training.batches import TrainBatch, decode_batch, gather_batch
-from training.config import TrainJobConfig
-from training.masking import PieceGroups, WordGroups
-from training.mining import MinerConfig
-from training.model_init import build_model
-from training.negatives import MinerNegatives, Negatives, TokenLookup, in_batch_negatives
-from training.objectives import EDJEObjectives, teacher_scores
-from training.sampler import BatchPlanner
+from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
+from edje.schemas.annotations import load_grounding
+from edje.schemas.token_table import TableMetadata, vector_matrix
+from edje.training.batches import TrainBatch, decode_batch, gather_batch
+from edje.training.config import TrainJobConfig
+from edje.training.masking import PieceGroups, WordGroups
+from edje.training.mining import MinerConfig
+from edje.training.model_init import build_model
+from edje.training.negatives import MinerNegatives, Negatives, TokenLookup, in_batch_negatives
+from edje.training.objectives import EDJEObjectives, teacher_scores
+from edje.training.sampler import BatchPlanner
 
 OPTIMIZER = "optimizer.pt"
 
@@ -117,7 +117,7 @@ def resume_state(ray_checkpoint, candidates) -> Optional[tuple]:
             break
         try:
             return _load_training_checkpoint(path)
-        except Exception as e:  # noqa: BLE001 - a checkpoint cut short by a kill: try the next one
+        except Exception as e:
             print(f"skipping unreadable checkpoint {path}: {e}", flush=True)
     return states[0] if states else None
 

@@ -31,7 +31,7 @@ class WordGroups:
     @staticmethod
     def sample_world() -> "WordGroups":
         """The sample world's caption vocabulary: colour, shape, size and spatial words."""
-        from sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
+        from edje.sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
 
         def words(table):
             return tuple((w, value) for value, ws in table.items() for phrase in ws for w in phrase.split())

@@ -8,12 +8,12 @@ from typing import Optional
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from model.adapters import grid_position
-from model.edje import EDJEModel, load_checkpoint, load_state
-from model.joint_encoder import extend_position_embeddings
-from schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
-from schemas.token_table import TableMetadata
-from training.config import ModelSpec
+from edje.model.adapters import grid_position
+from edje.model.edje import EDJEModel, load_checkpoint, load_state
+from edje.model.joint_encoder import extend_position_embeddings
+from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
+from edje.schemas.token_table import TableMetadata
+from edje.training.config import ModelSpec
 
 
 def default_language_model() -> str:

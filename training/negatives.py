@@ -6,9 +6,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from schemas.token_table import decode_tokens, read_token_tables
-from training.batches import TrainBatch
-from training.mining import MinerConfig, mine_hard_negatives
+from edje.schemas.token_table import decode_tokens, read_token_tables
+from edje.training.batches import TrainBatch
+from edje.training.mining import MinerConfig, mine_hard_negatives
 
 
 @dataclass
@@ -55,7 +55,7 @@ class MinerNegatives:
     """Corpus-wide hard negatives from the miner service (POST /v1/negatives), tokens from a TokenLookup."""
 
     def __init__(self, url: str, k: int, lookup: TokenLookup):
-        from serving.miner_client import fetch_negatives, session
+        from edje.training.miner_client import fetch_negatives, session
         self.url, self.k, self.lookup = url, k, lookup
         self._fetch, self._http = fetch_negatives, session()
 

@@ -15,12 +15,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from model.edje import EDJEModel
-from model.relation_roles import flip_relations
-from training.batches import TrainBatch
-from training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
-from training.masking import PieceGroups
-from training.negatives import Negatives
+from edje.model.edje import EDJEModel
+from edje.model.relation_roles import flip_relations
+from edje.training.batches import TrainBatch
+from edje.training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
+from edje.training.masking import PieceGroups
+from edje.training.negatives import Negatives
 
 
 def pair_layout(batch: TrainBatch, neg: Negatives):

@@ -17,7 +17,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from training.hard_batches import neighbour_clusters
+from edje.training.hard_batches import neighbour_clusters
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The store keeps the *encoded* blobs (uint8, plus fp16 scales for int8/int4) so that the corpus
 stays at its stored size in memory; each reranker replica holds one (serving.reranker_core) and decodes
-what it gathers with the table's codec on its own device (`model.scoring.decode_blobs`). Tables that do not
+what it gathers with the table's codec on its own device (`edje.model.scoring.decode_blobs`). Tables that do not
 match the served checkpoint are refused at start-up with the field named (TableMismatchError).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, read_token_tables, vector_matrix
-from serving.shards import filter_shard
+from edje.model.shards import filter_shard
+from edje.schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, read_token_tables, vector_matrix
 
 log = logging.getLogger("ray.serve")
 

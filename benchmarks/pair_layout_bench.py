@@ -6,7 +6,7 @@ model's is on a GPU): `score` minus the time inside BERT's forward (hooks), plus
 training step's texts (b=128, k=7). Both layouts give bit-identical scores (checked here and in
 tests/test_pair_layout.py).
 
-    OMP_NUM_THREADS=1 .venv/bin/python research/pair_layout_bench.py --threads 1
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/pair_layout_bench.py --threads 1
 """
 from __future__ import annotations
 
@@ -15,18 +15,14 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs as a script from the repository root
+import torch
+from bench_serving import captions, minilm_path, print_table, round_robin, timed
 
-import torch  # noqa: E402
-
-from benchmarks.bench_serving import captions, minilm_path, print_table, round_robin, timed  # noqa: E402
-from model.joint_encoder import JointEncoder  # noqa: E402
-from research.legacy_pairs import legacy_score, legacy_tokenize_pairs  # noqa: E402
-from schemas.config import JointEncoderConfig  # noqa: E402
+from edje.model.joint_encoder import JointEncoder
+from edje.research.legacy_pairs import legacy_score, legacy_tokenize_pairs
+from edje.schemas.config import JointEncoderConfig
 
 
 class ForwardClock:
