@@ -112,9 +112,10 @@ class Smoke:
         from edje.model.backbone import default_feature_layer
         from edje.pipeline.encode import EncoderSpec
         from edje.schemas.config import BackboneConfig
-        from edje.schemas.shipped import DEFAULT_BACKBONE, shipped_weights
+        from edje.schemas.shipped import DEFAULT_BACKBONE
+        from edje.schemas.weights import find_weights
 
-        bb = BackboneConfig(DEFAULT_BACKBONE, shipped_weights(DEFAULT_BACKBONE), default_feature_layer(DEFAULT_BACKBONE))
+        bb = BackboneConfig(DEFAULT_BACKBONE, find_weights(backbone=DEFAULT_BACKBONE), default_feature_layer(DEFAULT_BACKBONE))
         extra = {}
         if "compute_dtype" in {f.name for f in dataclasses.fields(EncoderSpec)}:
             extra["compute_dtype"] = self.args.compute_dtype

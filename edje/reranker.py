@@ -3,8 +3,9 @@ CrossEncoder (`from_pretrained`, `predict`, `rank`).
 
 It runs the same code as the encode job (model/token_encoder.py: backbone -> adapter -> codec) and
 as evaluation and serving (model/scoring.py: ITM logits, the checkpoint's fusion and calibration).
-No Ray, no hub: the backbone weights the checkpoint records are found beside the checkpoint, in the
-repository, or where the config says.
+No Ray. A checkpoint is a local folder or a Hugging Face Hub repository id (`huggingface_hub`, offline from
+its cache); the backbone weights the checkpoint records are found by `edje.schemas.weights.find_weights`
+(beside the checkpoint, in the working directory or the repository, or as an open_clip tag).
 """
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from PIL import Image
 
 from edje.model.device import pick_device
 from edje.model.edje import read_checkpoint_config
+from edje.model.hub import checkpoint_folder
 from edje.model.scoring import PairScorer
 from edje.model.token_encoder import EncodedImages, TokenEncoder
 from edje.schemas.config import BackboneConfig, CodecConfig, EDJEConfig, from_dict
-from edje.schemas.shipped import REPO_ROOT
 from edje.schemas.token_table import TableMetadata
+from edje.schemas.weights import find_weights
 
 # What a document may be: an image (PIL, bytes, a file path, an http(s) url) or an id of an opened token table.
 Document = Union[Image.Image, bytes, str, os.PathLike]
@@ -49,15 +51,35 @@ class EDJEReranker:
 
     # ----- loading and saving -------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path: Union[str, os.PathLike], device: Optional[str] = None, precision: str = "fp32",
-                        quant: str = "int8", group_size: Optional[int] = None, batch_size: int = 256) -> "EDJEReranker":
-        """Load a checkpoint folder; images are stored as `quant` tokens (the encode job's default int8) before scoring."""
-        path = str(path)
+    def from_pretrained(cls, model_name_or_path: Union[str, os.PathLike], device: Optional[str] = None,
+                        precision: str = "fp32", quant: str = "int8", group_size: Optional[int] = None,
+                        batch_size: int = 32, max_length: Optional[int] = None, revision: Optional[str] = None,
+                        cache_folder: Optional[str] = None) -> "EDJEReranker":
+        """Load a checkpoint (a folder or a hub id); images are stored as `quant` tokens (the encode job's default
+        int8) before scoring; queries keep at most `max_length` wordpieces (default and ceiling: the checkpoint's)."""
+        path = checkpoint_folder(model_name_or_path, revision, cache_folder)
         cfg = from_dict(EDJEConfig, read_checkpoint_config(path)["config"])
-        backbone = dataclasses.replace(cfg.backbone, pretrained=resolve_weights(cfg.backbone.pretrained, path))
+        backbone = dataclasses.replace(cfg.backbone, pretrained=find_weights(cfg.backbone.pretrained, checkpoint=path))
         scorer = PairScorer.from_checkpoint(path, pick_device(device), precision, batch_size)
         CodecConfig(quant, group_size)  # refuse an unknown codec now, not at the first image
-        return cls(path, scorer, backbone, quant, group_size)
+        reranker = cls(path, scorer, backbone, quant, group_size)
+        if max_length is not None:
+            reranker.max_length = max_length
+        return reranker
+
+    @property
+    def max_length(self) -> int:
+        """Wordpieces of a query the joint encoder reads; longer queries are cut (CrossEncoder's `max_length`)."""
+        enc = self.scorer.model.encoder
+        return enc.text_limit or enc.config.max_text_tokens
+
+    @max_length.setter
+    def max_length(self, n: int) -> None:
+        ceiling = self.scorer.model.encoder.config.max_text_tokens
+        if not 1 <= n <= ceiling:
+            raise ValueError(f"max_length must be in 1..{ceiling} (the text positions this checkpoint was trained "
+                             f"with), got {n}")
+        self.scorer.model.encoder.text_limit = None if n == ceiling else n
 
     def save_pretrained(self, directory: Union[str, os.PathLike]) -> str:
         """Write a folder that `from_pretrained` reads back bit for bit: the checkpoint's files and its backbone weights."""
@@ -109,20 +131,22 @@ class EDJEReranker:
 
     # ----- scoring -----------------------------------------------------------------------------------------
     def predict(self, pairs: Sequence[Tuple[str, Document]], calibrated: bool = False,
-                first_stage_scores: Optional[Sequence[float]] = None) -> np.ndarray:
+                first_stage_scores: Optional[Sequence[float]] = None, batch_size: Optional[int] = None,
+                show_progress_bar: Optional[bool] = None) -> np.ndarray:
         """ITM logits of (text, document) pairs; with calibrated=True the probability that each pair matches
         (the checkpoint's rule, fused with the first-stage cosine when it fuses, then its Platt scaling)."""
         if not pairs:
             return np.zeros(0, np.float32)
         texts = [_text(t) for t, _ in pairs]
         rows, meta = self._document_rows([d for _, d in pairs])
-        logits = self.scorer.blob_logits(meta, texts, rows.blob, rows.scales)
+        logits = self._logits(meta, texts, rows, batch_size, show_progress_bar)
         if not calibrated:
             return logits
         return self.scorer.relevance(self._scores(texts, logits, rows.embeddings, first_stage_scores))
 
     def rank(self, query: str, documents: Sequence[Document], top_k: Optional[int] = None,
-             return_documents: bool = False, first_stage_scores: Optional[Sequence[float]] = None) -> List[Dict]:
+             return_documents: bool = False, first_stage_scores: Optional[Sequence[float]] = None,
+             batch_size: Optional[int] = None, show_progress_bar: Optional[bool] = None) -> List[Dict]:
         """Documents ordered by the checkpoint's ranking rule: [{corpus_id, score, relevance[, document]}], best first.
         `first_stage_scores` (one per document) are used when the rule fuses; without them the backbone's towers
         compute the cosine."""
@@ -131,7 +155,7 @@ class EDJEReranker:
         query = _text(query)
         texts = [query] * len(documents)
         rows, meta = self._document_rows(documents)
-        logits = self.scorer.blob_logits(meta, texts, rows.blob, rows.scales)
+        logits = self._logits(meta, texts, rows, batch_size, show_progress_bar)
         scores = self._scores(texts, logits, rows.embeddings, first_stage_scores)
         relevance = self.scorer.relevance(scores)
         order = np.argsort(-scores, kind="stable")[:top_k]
@@ -149,6 +173,21 @@ class EDJEReranker:
         return self.scorer.ranking
 
     # ----- internals ---------------------------------------------------------------------------------------
+    def _logits(self, meta: TableMetadata, texts: List[str], rows: EncodedImages, batch_size: Optional[int],
+                show_progress_bar: Optional[bool]) -> np.ndarray:
+        """ITM logits of the pairs in batches of `batch_size`, with a progress bar when asked (CrossEncoder's flags)."""
+        bar = None
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(texts), desc="pairs", unit="pair")
+        try:
+            return self.scorer.blob_logits(meta, texts, rows.blob, rows.scales, batch_size=batch_size,
+                                           progress=None if bar is None else lambda done: bar.update(done - bar.n))
+        finally:
+            if bar is not None:
+                bar.close()
+
     def _scores(self, texts: List[str], logits: np.ndarray, embeddings: np.ndarray,
                 first_stage_scores: Optional[Sequence[float]]) -> np.ndarray:
         if not self.scorer.ranking.first_stage_weight:
@@ -208,17 +247,6 @@ class EDJEReranker:
                              num_tokens=enc.num_tokens, width=enc.width, quantization=self.quant,
                              embed_dim=int(enc.backbone.embed_dim), group_size=self.group_size,
                              adapter_hash=self.scorer.model.adapter_hash())
-
-
-def resolve_weights(pretrained: Optional[str], checkpoint: str) -> Optional[str]:
-    """The backbone weights a checkpoint records, found beside the checkpoint, in the repository, or as given."""
-    if not pretrained or "://" in pretrained or os.path.isabs(pretrained):
-        return pretrained
-    for base in (Path(checkpoint), REPO_ROOT, Path.cwd()):
-        candidate = base / pretrained
-        if candidate.is_file():
-            return str(candidate)
-    return pretrained  # an open_clip pretrained tag
 
 
 def image_bytes(document: Document) -> bytes:

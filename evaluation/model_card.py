@@ -15,10 +15,14 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from huggingface_hub import EvalResult, ModelCardData
+
 from edje.model.ranking import RankingConfig
 from edje.schemas.codecs import bytes_per_image
 
 CARD = "README.md"
+LICENSE = "apache-2.0"  # the project's licence (pyproject.toml); the weights are trained by its own jobs
+SAMPLE_WORLD = "edje-sampleworld"  # the embedded, generated dataset every shipped checkpoint was trained on
 KINDS = ("colour", "shape", "size", "relation")
 NO_RELATIONS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: this checkpoint has no "
                 "relation parts (role embeddings, the subject-minus-object route, grounding), and its training had no "
@@ -51,10 +55,34 @@ def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: s
     path.write_text(json.dumps(meta, indent=2, sort_keys=True))
 
 
+def card_data(name: str, meta: Dict) -> ModelCardData:
+    """The card's metadata block (what a model hub lists and searches): licence, library, tags, data, figures."""
+    results = []
+    for e in meta.get("evaluations", []):
+        for direction, task in (("t2i", "text-to-image retrieval"), ("i2t", "image-to-text retrieval")):
+            fig = e[direction]
+            metrics = [("recall@1 reranked", fig["reranked_r1"]), ("recall@1 first stage", fig["first_stage_r1"])]
+            if fig.get("within_family") is not None:
+                metrics.append(("within-family accuracy", fig["within_family"]))
+            results += [EvalResult(task_type=task.replace(" ", "-"), task_name=task, dataset_type=SAMPLE_WORLD,
+                                   dataset_name=f"EDJE sample world, {e['label']}", metric_type=kind.replace(" ", "_"),
+                                   metric_name=kind, metric_value=value) for kind, value in metrics]
+    enc = meta["config"]["encoder"]
+    base = meta.get("base_model") or (enc.get("language_model") or None)
+    return ModelCardData(model_name=name, license=LICENSE, library_name="edje", base_model=base, datasets=[SAMPLE_WORLD],
+                         tags=["edje", "reranker", "vision-language", "image-text-retrieval", "cross-encoder", "ray"],
+                         eval_results=results or None)
+
+
 def render(checkpoint: str) -> str:
-    """The model card of a checkpoint folder, from its config.json."""
+    """The model card of a checkpoint folder, from its config.json: the metadata block, then the text."""
     folder = Path(checkpoint)
     meta = json.loads((folder / "config.json").read_text())
+    return f"---\n{card_data(folder.name, meta).to_yaml()}\n---\n\n" + _body(folder, meta)
+
+
+def _body(folder: Path, meta: Dict) -> str:
+    """The card's text."""
     cfg = meta["config"]
     a, enc, b = cfg["adapter"], cfg["encoder"], cfg["backbone"]
     bert = enc["bert_config"]

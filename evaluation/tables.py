@@ -25,9 +25,8 @@ from edje.sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfi
 from edje.sampleworld.world import load_world
 from edje.schemas.annotations import load_annotations
 from edje.schemas.config import BackboneConfig, CodecConfig
-from edje.schemas.shipped import shipped_weights
 from edje.schemas.token_table import TableMetadata, build_table, write_token_table
-from edje.schemas.weights import weights_sha256
+from edje.schemas.weights import find_weights, weights_sha256
 
 
 def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
@@ -106,7 +105,7 @@ def _weights(backbone: str, pretrained: Optional[str]) -> Optional[str]:
     without an error, so it is only made when asked for by name."""
     if pretrained is not None:
         return None if pretrained.lower() == "none" else pretrained
-    weights = shipped_weights(backbone)
+    weights = find_weights(backbone=backbone)
     if weights is None:
         raise SystemExit(f"{backbone}: the repository ships no weights for it; give --pretrained PATH "
                          "(or --pretrained none for an untrained backbone)")

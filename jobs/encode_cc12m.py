@@ -21,7 +21,8 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from edje.schemas.encode_job import EncodeJobConfig
-from edje.schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS, shipped_weights
+from edje.schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS
+from edje.schemas.weights import find_weights
 
 
 class WeightsError(ValueError):
@@ -93,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_weights(backbone: str | None, pretrained: str | None, adapter: str | None, random_weights: bool) -> str | None:
-    """The backbone weights to encode with: given, the adapter checkpoint's, shipped, or (asked for) none."""
+def weights_from_flags(backbone: str | None, pretrained: str | None, adapter: str | None, random_weights: bool) -> str | None:
+    """The flags checked against each other; where the weights are is find_weights's to say."""
     if random_weights and (pretrained or adapter):
         raise WeightsError("--random-weights contradicts --pretrained / --adapter, which name weights")
     if pretrained or adapter:
@@ -102,7 +103,7 @@ def resolve_weights(backbone: str | None, pretrained: str | None, adapter: str |
     if random_weights:
         return None
     name = backbone or DEFAULT_BACKBONE
-    weights = shipped_weights(name)
+    weights = find_weights(backbone=name)
     if weights is None:
         raise WeightsError(f"backbone {name!r} has no weights: give --pretrained (an open_clip tag or a checkpoint "
                            f"path), or --random-weights to encode with random initialisation on purpose")
@@ -110,12 +111,12 @@ def resolve_weights(backbone: str | None, pretrained: str | None, adapter: str |
 
 
 def config_from_args(argv=None) -> EncodeJobConfig:
-    """Parse the command line into an EncodeJobConfig (backbone weights resolved by resolve_weights)."""
+    """Parse the command line into an EncodeJobConfig (backbone weights checked by weights_from_flags)."""
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     random_weights = args.pop("random_weights")
     try:
-        args["pretrained"] = resolve_weights(args["backbone"], args["pretrained"], args["adapter"], random_weights)
+        args["pretrained"] = weights_from_flags(args["backbone"], args["pretrained"], args["adapter"], random_weights)
     except WeightsError as e:
         parser.error(str(e))
     return EncodeJobConfig(**args)

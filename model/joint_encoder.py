@@ -56,6 +56,9 @@ class JointEncoder(nn.Module):
                              f"{self.bert.config.vocab_size}")
         hidden = self.bert.config.hidden_size
         self.max_length = cfg.max_text_tokens + 3 + cfg.num_image_tokens
+        # Caption wordpieces read, when a caller asks for fewer than the checkpoint's max_text_tokens (CrossEncoder's
+        # max_length); the image positions do not move, so scores of shorter captions are unchanged by it.
+        self.text_limit: Optional[int] = None
         extend_position_embeddings(self.bert, self.max_length)
         if cfg.itm_input == "global":
             self.itm_head = GlobalITMHead(hidden)
@@ -106,7 +109,7 @@ class JointEncoder(nn.Module):
         """Caption wordpieces of each text (no special tokens, truncated), each distinct text tokenised once;
         returns (rows of the distinct texts, inverse index [B])."""
         unique, inverse = wordpieces.distinct(texts)
-        n = self.config.max_text_tokens
+        n = min(self.config.max_text_tokens, self.text_limit or self.config.max_text_tokens)
         tok = self.tokenizer
 
         def tokenize(batch: List[str]) -> List[List[int]]:

@@ -75,26 +75,28 @@ class PairScorer:
 
     @torch.inference_mode()
     def itm_logits(self, texts: Sequence[str], tokens: torch.Tensor, image_index: Optional[np.ndarray] = None,
-                   progress: Optional[Callable[[int], None]] = None) -> np.ndarray:
-        """ITM logits (float32) of (texts[i], tokens[image_index[i]]) (image_index None: tokens[i]), in batches;
-        `progress(pairs done)` after each batch."""
+                   progress: Optional[Callable[[int], None]] = None, batch_size: Optional[int] = None) -> np.ndarray:
+        """ITM logits (float32) of (texts[i], tokens[image_index[i]]) (image_index None: tokens[i]), in batches
+        of `batch_size` (default: the scorer's); `progress(pairs done)` after each batch."""
+        step = batch_size or self.batch_size
         if image_index is None:
             if len(texts) != len(tokens):
                 raise ValueError(f"{len(texts)} texts but {len(tokens)} token rows")
             image_index = np.arange(len(texts))
         out: List[np.ndarray] = []
-        for i in range(0, len(texts), self.batch_size):
-            idx = torch.from_numpy(np.asarray(image_index[i:i + self.batch_size], dtype=np.int64)).to(tokens.device)
+        for i in range(0, len(texts), step):
+            idx = torch.from_numpy(np.asarray(image_index[i:i + step], dtype=np.int64)).to(tokens.device)
             rows = tokens[idx].to(self.device, self.dtype)
-            out.append(self.model.encoder.score(list(texts[i:i + self.batch_size]), rows).float().cpu().numpy())
+            out.append(self.model.encoder.score(list(texts[i:i + step]), rows).float().cpu().numpy())
             if progress is not None:
-                progress(min(i + self.batch_size, len(texts)))
+                progress(min(i + step, len(texts)))
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def blob_logits(self, meta: TableMetadata, texts: Sequence[str], blob: np.ndarray,
-                    scales: Optional[np.ndarray]) -> np.ndarray:
+    def blob_logits(self, meta: TableMetadata, texts: Sequence[str], blob: np.ndarray, scales: Optional[np.ndarray],
+                    batch_size: Optional[int] = None, progress: Optional[Callable[[int], None]] = None) -> np.ndarray:
         """ITM logits of texts against gathered stored rows (blobs + scales of a compressed table)."""
-        return self.itm_logits(texts, decode_blobs(meta, blob, scales, self.device))
+        return self.itm_logits(texts, decode_blobs(meta, blob, scales, self.device), progress=progress,
+                               batch_size=batch_size)
 
     def scores(self, itm_logits: np.ndarray, similarity: Optional[np.ndarray] = None) -> np.ndarray:
         """Ranking scores under the checkpoint's rule: the ITM logit, plus w x first-stage cosine when it fuses."""

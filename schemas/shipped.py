@@ -1,12 +1,12 @@
 """What the repository ships for its embedded default: one table from backbone name to trained weights.
 
 Jobs look defaults up here, so a new or retrained small backbone is one line to change. Paths are
-relative to the repository root; `shipped_weights` makes them absolute for the machine at hand.
+relative to the repository root; `edje.schemas.weights.find_weights` makes them absolute for the machine at hand.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BACKBONE = "edje-tiny-convvit"  # the project's small backbone (conv stem + ViT), trained on the sample world
@@ -19,14 +19,3 @@ SHIPPED_BACKBONE_WEIGHTS: Dict[str, str] = {
     "edje-tiny-convvit": "checkpoints/edje-tiny-convvit-sw.safetensors",
     "edje-tiny-clip": "checkpoints/edje-tiny-clip-sw.safetensors",  # the previous default: no shape (BENCHMARKS.md)
 }
-
-
-def shipped_weights(backbone: str) -> Optional[str]:
-    """Absolute path of the shipped trained weights of `backbone`, or None when the repository ships none."""
-    rel = SHIPPED_BACKBONE_WEIGHTS.get(backbone)
-    if rel is None:
-        return None
-    path = REPO_ROOT / rel
-    if not path.is_file():
-        raise FileNotFoundError(f"{backbone}: shipped weights {rel} are missing from {REPO_ROOT}")
-    return str(path)

@@ -9,25 +9,36 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from pathlib import Path
 from typing import Optional
 
+from edje.schemas.shipped import REPO_ROOT, SHIPPED_BACKBONE_WEIGHTS
 
-def local_weights(pretrained: Optional[str]) -> Optional[str]:
-    """The local file `pretrained` names (as given, else relative to the repository), or None for a tag or URL."""
-    if not pretrained or "://" in pretrained:
+
+def find_weights(pretrained: Optional[str] = None, *, backbone: Optional[str] = None,
+                 checkpoint: Optional[str] = None) -> Optional[str]:
+    """Where backbone weights are: the one rule every job, the API and serving use.
+
+    `pretrained` names a file (absolute; else relative to the `checkpoint` folder, the working directory or the
+    repository, in that order) or, when no such file exists, an open_clip pretrained tag or a URL, returned as given.
+    With no `pretrained`, `backbone`'s weights shipped in the repository (None when it ships none)."""
+    if pretrained:
+        if "://" in pretrained or os.path.isabs(pretrained):
+            return pretrained
+        bases = ([Path(checkpoint)] if checkpoint else []) + [Path.cwd(), REPO_ROOT]
+        return next((str(b / pretrained) for b in bases if (b / pretrained).is_file()), pretrained)
+    if backbone is None or backbone not in SHIPPED_BACKBONE_WEIGHTS:
         return None
-    if os.path.isfile(pretrained):
-        return pretrained
-    from edje.schemas.shipped import REPO_ROOT
-
-    repo_relative = REPO_ROOT / pretrained
-    return str(repo_relative) if repo_relative.is_file() else None
+    path = REPO_ROOT / SHIPPED_BACKBONE_WEIGHTS[backbone]
+    if not path.is_file():
+        raise FileNotFoundError(f"{backbone}: shipped weights {SHIPPED_BACKBONE_WEIGHTS[backbone]} are missing from {REPO_ROOT}")
+    return str(path)
 
 
 def weights_sha256(pretrained: Optional[str]) -> Optional[str]:
     """sha256 of the weights file `pretrained` names, or None for a tag, a URL or no weights."""
-    path = local_weights(pretrained)
-    if path is None:
+    path = find_weights(pretrained) if pretrained else None
+    if path is None or not os.path.isfile(path):
         return None
     st = os.stat(path)
     return _digest(os.path.realpath(path), st.st_size, st.st_mtime_ns)

@@ -174,3 +174,59 @@ def _one_image(tmp_path) -> str:
 
     generate(WorldConfig(seed=1, n_train=0, n_val=0, n_test=4), tmp_path / "one")
     return str(next((tmp_path / "one" / "images").glob("*.jpg")))
+
+
+def _world(tmp_path, seed=4545, n=8):
+    from edje.sampleworld.world import WorldConfig, generate
+
+    generate(WorldConfig(seed=seed, n_train=0, n_val=0, n_test=n), tmp_path / "w")
+    world = json.loads((tmp_path / "w" / "world.json").read_text())["images"]
+    return world, [str(tmp_path / "w" / x["image"]) for x in world]
+
+
+def test_crossencoder_flags_batch_size_progress_bar_and_max_length(reranker, tmp_path, capsys):
+    world, paths = _world(tmp_path)
+    query = world[3]["captions"][0]
+    one = reranker.rank(query, paths, batch_size=1, show_progress_bar=True)
+    assert "pairs" in capsys.readouterr().err  # tqdm's bar, on stderr
+    whole = reranker.rank(query, paths, batch_size=64)
+    assert [h["corpus_id"] for h in one] == [h["corpus_id"] for h in whole]
+    np.testing.assert_allclose([h["score"] for h in one], [h["score"] for h in whole], atol=1e-4)
+    # A query cut to its first wordpieces scores as that prefix does (the image positions do not move).
+    words = query.split()
+    prefix = " ".join(words[:2])
+    n = len(reranker.scorer.model.encoder.tokenizer.tokenize(prefix))
+    full = reranker.predict([(prefix, paths[0])])
+    reranker.max_length = n
+    try:
+        assert reranker.max_length == n
+        np.testing.assert_allclose(reranker.predict([(query, paths[0])]), full, atol=1e-5)
+    finally:
+        reranker.max_length = reranker.scorer.model.encoder.config.max_text_tokens
+    assert reranker.scorer.model.encoder.text_limit is None
+    with pytest.raises(ValueError, match="max_length must be in 1..64"):
+        reranker.max_length = 65
+
+
+def test_from_pretrained_takes_a_hub_id_from_the_cache_offline(reranker, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from edje.model.hub import CheckpointNotFound
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cache = tmp_path / "hub"
+    with pytest.raises(CheckpointNotFound, match="HF_HUB_OFFLINE is set.*holds no copy"):
+        EDJEReranker.from_pretrained("edje-ray/edje-c16-rel", cache_folder=str(cache))
+    # The hub cache's own layout (what snapshot_download leaves behind): refs/main names the snapshot folder.
+    repo = cache / "models--edje-ray--edje-c16-rel"
+    revision = "0" * 40
+    reranker.save_pretrained(repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    loaded = EDJEReranker.from_pretrained("edje-ray/edje-c16-rel", cache_folder=str(cache))
+    assert Path(loaded.path) == repo / "snapshots" / revision
+    world, paths = _world(tmp_path, seed=4646, n=4)
+    pairs = [(world[0]["captions"][0], p) for p in paths]
+    np.testing.assert_allclose(loaded.predict(pairs), reranker.predict(pairs), atol=1e-5)
+    with pytest.raises(CheckpointNotFound, match="not a checkpoint folder"):
+        EDJEReranker.from_pretrained(str(tmp_path / "no" / "such" / "folder"))

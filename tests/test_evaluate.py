@@ -276,9 +276,9 @@ def test_fit_first_stage_weight_through_the_cli_records_the_weight_and_its_calib
 def test_the_tables_command_encodes_with_the_shipped_weights_unless_told_otherwise():
     """An untrained backbone's table trains and evaluates without an error, so it is only made by name."""
     from edje.evaluation.tables import _weights
-    from edje.schemas.shipped import shipped_weights
+    from edje.schemas.weights import find_weights
 
-    assert _weights("edje-tiny-convvit", None) == shipped_weights("edje-tiny-convvit")
+    assert _weights("edje-tiny-convvit", None) == find_weights(backbone="edje-tiny-convvit")
     assert _weights("edje-tiny-convvit", "none") is None
     assert _weights("edje-tiny-convvit", "w.safetensors") == "w.safetensors"
     with pytest.raises(SystemExit, match="ships no weights"):

@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from huggingface_hub import ModelCard
 
 from edje.evaluation.model_card import main, render
 
@@ -18,6 +19,14 @@ def test_shipped_cards_match_their_configs(folder):
     assert card.read_text() == render(str(folder)), f"regenerate: python -m edje.evaluation.model_card {folder}"
     text = card.read_text()
     assert "## Ranking rule" in text and "Command:" in text
+    data = ModelCard(text).data  # the metadata block a hub reads
+    assert data.license == "apache-2.0" and data.library_name == "edje" and "reranker" in data.tags
+    assert data.datasets == ["edje-sampleworld"]
+    recorded = json.loads((folder / "config.json").read_text()).get("evaluations", [])
+    if recorded:
+        r1 = [r.metric_value for r in data.eval_results
+              if r.task_name == "text-to-image retrieval" and r.metric_name == "recall@1 reranked"]
+        assert sorted(r1) == sorted(e["t2i"]["reranked_r1"] for e in recorded)
     # what it does with relations: the limit when it has no relation parts, the figure when it has them
     assert "Relation twins" in text if "- Relations: none" in text else "relation twins, same side" in text
 

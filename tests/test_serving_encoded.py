@@ -15,8 +15,9 @@ import torch
 
 from edje.jobs.encode_cc12m import config_from_args
 from edje.jobs.encode_cc12m import main as encode_main
-from edje.schemas.shipped import DEFAULT_BACKBONE, shipped_weights
+from edje.schemas.shipped import DEFAULT_BACKBONE
 from edje.schemas.token_table import decode_tokens, read_metadata, read_token_tables
+from edje.schemas.weights import find_weights
 from edje.serving.startup import StartupConfig
 
 # The project's Serve proxy health checks (serving.startup): the local Ray these tests start inherits them,
@@ -25,7 +26,7 @@ os.environ.update(StartupConfig().env())
 
 
 def test_encode_job_defaults_to_the_shipped_weights_and_refuses_random_ones(capsys):
-    assert config_from_args(["--output", "o"]).pretrained == shipped_weights(DEFAULT_BACKBONE)
+    assert config_from_args(["--output", "o"]).pretrained == find_weights(backbone=DEFAULT_BACKBONE)
     assert config_from_args(["--output", "o", "--pretrained", "w.safetensors"]).pretrained == "w.safetensors"
     assert config_from_args(["--output", "o", "--random-weights"]).pretrained is None
     with pytest.raises(SystemExit):
@@ -47,10 +48,10 @@ def test_serving_the_tables_the_encode_job_wrote(ray_local, tmp_path, tiny_edje_
     # Raw tables with every default: the shipped trained backbone, not random weights.
     assert encode_main(["--output", str(tmp_path / "raw"), *world]) == 0
     raw = sorted(glob.glob(str(tmp_path / "raw" / "tables" / "*.parquet")))
-    assert raw and read_metadata(raw[0]).pretrained == shipped_weights(DEFAULT_BACKBONE)
+    assert raw and read_metadata(raw[0]).pretrained == find_weights(backbone=DEFAULT_BACKBONE)
     # An EDJE checkpoint over that backbone; compressed int8 tables made with its adapter by the encode job.
     cfg = dataclasses.replace(tiny_edje_config, backbone=dataclasses.replace(
-        tiny_edje_config.backbone, name=DEFAULT_BACKBONE, pretrained=shipped_weights(DEFAULT_BACKBONE)))
+        tiny_edje_config.backbone, name=DEFAULT_BACKBONE, pretrained=find_weights(backbone=DEFAULT_BACKBONE)))
     torch.manual_seed(0)
     save_checkpoint(EDJEModel(cfg), str(tmp_path / "ckpt"))
     assert encode_main(["--output", str(tmp_path / "c16"), "--adapter", str(tmp_path / "ckpt"), "--quant", "int8", *world]) == 0

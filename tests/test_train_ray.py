@@ -25,13 +25,14 @@ def pipeline_tables(ray_local, tmp_path_factory):
     """Raw token tables of a 48-image sample world, written by the encode pipeline (jobs/encode_cc12m.py)."""
     from edje.pipeline.job import run_encode_job
     from edje.schemas.encode_job import EncodeJobConfig
-    from edje.schemas.shipped import DEFAULT_BACKBONE, shipped_weights
+    from edje.schemas.shipped import DEFAULT_BACKBONE
+    from edje.schemas.weights import find_weights
 
     root = tmp_path_factory.mktemp("trainworld")
     # The job's default weights (jobs/encode_cc12m.py resolves them), so that the tables can be checked against them.
     summary = run_encode_job(EncodeJobConfig(output=str(root / "enc"), world_dir=str(root / "world"),
                                              world_images=48, batch_size=16, shard_size=24,
-                                             pretrained=shipped_weights(DEFAULT_BACKBONE)))
+                                             pretrained=find_weights(backbone=DEFAULT_BACKBONE)))
     assert summary["complete"] and summary["images_ok"] == summary["images_in"] > 40
     return root / "enc" / "tables"
 
