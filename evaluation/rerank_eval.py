@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from edje.evaluation import novelty
 from edje.evaluation.calibration import calibration_report, fit_platt
 from edje.evaluation.recall import rerank, within_group_accuracy
 from edje.evaluation.scene_pairs import KINDS as TWIN_KINDS
@@ -61,6 +62,9 @@ class EvalConfig:
     examples: int = 4
     threads: Optional[int] = None
     device: Optional[str] = None  # backbone text tower, adapter and joint encoder; None/"auto": cuda if visible, else cpu
+    # Also report every figure over the queries whose answer image's meaning is in no training scene of this world
+    # (evaluation/novelty.py); needs the sample world's world.json beside the annotations.
+    novel_against: Optional[novelty.ReferenceWorld] = None
 
     def __post_init__(self) -> None:
         if not self.backbone_only and not self.checkpoint:
@@ -146,6 +150,8 @@ def evaluate(cfg: EvalConfig) -> Dict:
         keep = np.concatenate([c[:cfg.max_queries_per_image] for c in ann.image_to_captions()])
         keep.sort()
         ann = Annotations(ann.path, ann.image_ids, ann.image_paths, [ann.captions[j] for j in keep], ann.caption_image[keep])
+    world = world_families(ann)
+    novel = novel_mask(ann, world, cfg.novel_against)  # before any model runs: a missing world.json fails at once
     table, meta = read_token_tables(expand_paths(cfg.tokens))
     rows = select_rows(ann, table.column("image_id").to_pylist())
     table = table.take(rows)
@@ -203,35 +209,24 @@ def evaluate(cfg: EvalConfig) -> Dict:
             write_ranking(cfg.checkpoint, ranking)
         t2i.reranked, i2t.reranked = ranked(ranking)
         itm_only = ranked(RankingConfig(0.0))
-    metrics = {
-        name: {"first_stage": recall(st.first, st.answers), "reranked": recall(st.reranked, st.answers)}
-        for name, st in (("t2i", t2i), ("i2t", i2t))
-    }
+    orders = {"t2i": {"first_stage": t2i.first, "reranked": t2i.reranked},
+              "i2t": {"first_stage": i2t.first, "reranked": i2t.reranked}}
+    if model is not None and ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
+        orders["t2i"]["reranked_itm_only"], orders["i2t"]["reranked_itm_only"] = itm_only
+    answers = {"t2i": t2i.answers, "i2t": i2t.answers}
+    metrics = {name: stage_recalls(orders[name], answers[name]) for name in ("t2i", "i2t")}
     if model is not None:
         metrics["ranking"] = asdict(ranking)
         # What relevance_score means on this split: mean probability of true pairs vs the other candidates.
         metrics["calibration"] = {"calibrated": ranking.calibrated,
                                   **calibration_report(ranking.probability(pair_scores), pair_labels)}
-        if ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
-            for name, st, order in (("t2i", t2i, itm_only[0]), ("i2t", i2t, itm_only[1])):
-                metrics[name]["reranked_itm_only"] = recall(order, st.answers)
-    world = world_families(ann)
     if world is not None:
-        # Items ranked: images for text->image, captions (grouped by their image's family) for image->text.
+        families = binding_context(ann, world)
         k = min(cfg.k, ann.num_images)
-        families, scenes = world
-        caption_scenes = [scenes[i] for i in ann.caption_image]
-        for name, st, group, sc, caption_of in (
-                ("t2i", t2i, families, scenes, lambda q, item: ann.captions[q]),
-                ("i2t", i2t, families[ann.caption_image], caption_scenes, lambda q, item: ann.captions[item])):
-            metrics[name]["within_family"] = {
-                "first_stage": within_group_accuracy(st.first, st.answers, group, k),
-                "reranked": within_group_accuracy(st.reranked, st.answers, group, k)}
-            # what binding each stage gets right: answer vs twin pairs, by what differs between their scenes
-            pairs = {stage: pairs_by_scene(order, st.answers, group, sc, k, caption_of)
-                     for stage, order in (("first_stage", st.first), ("reranked", st.reranked))}
-            metrics[name]["within_family"]["by_kind"] = {s: p["by_kind"] for s, p in pairs.items()}
-            metrics[name]["within_family"]["relation_subsets"] = {s: p["relation_subsets"] for s, p in pairs.items()}
+        for name in ("t2i", "i2t"):
+            metrics[name]["within_family"] = family_metrics(orders[name], answers[name], *families[name], k)
+        if novel is not None:
+            metrics["novel"] = novel_metrics(cfg.novel_against, novel, ann, orders, answers, families, k)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -245,6 +240,62 @@ def evaluate(cfg: EvalConfig) -> Dict:
            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return metrics
+
+
+def novel_mask(ann: Annotations, world: Optional[Tuple[np.ndarray, List[Scene]]],
+               against: Optional[novelty.ReferenceWorld]) -> Optional[np.ndarray]:
+    """bool per annotation image, its meaning in no training scene of `against`; None when not asked."""
+    if against is None:
+        return None
+    if world is None:
+        raise ValueError(f"novel meanings need the sample world's world.json (holding every image) beside "
+                         f"{ann.path}: only a sample world's scenes can be compared")
+    return novelty.novel_images(world[1], against.signatures())
+
+
+def stage_recalls(orders: Dict[str, np.ndarray], answers: Sequence[np.ndarray],
+                  queries: Optional[np.ndarray] = None) -> Dict[str, Dict]:
+    """R@1/5/10 of each named ranking, over every query or only those in `queries`."""
+    q = np.arange(len(answers)) if queries is None else queries
+    return {stage: recall(order[q], [answers[i] for i in q]) for stage, order in orders.items()}
+
+
+def binding_context(ann: Annotations, world: Tuple[np.ndarray, List[Scene]]) -> Dict[str, tuple]:
+    """Per direction: the ranked items' family ids, their scenes and `caption_of(query, item)`, the query's caption.
+    Items ranked are images for text->image, captions (grouped by their image's family) for image->text."""
+    families, scenes = world
+    return {"t2i": (families, scenes, lambda q, item: ann.captions[q]),
+            "i2t": (families[ann.caption_image], [scenes[i] for i in ann.caption_image],
+                    lambda q, item: ann.captions[item])}
+
+
+def family_metrics(orders: Dict[str, np.ndarray], answers: Sequence[np.ndarray], group: np.ndarray,
+                   scenes: Sequence[Scene], caption_of, k: int, queries: Optional[np.ndarray] = None) -> Dict:
+    """Within-family accuracy of the first stage and the reranking, and their answer-versus-twin pairs by what
+    differs between the scenes, over every query or only those in `queries`."""
+    q = np.arange(len(answers)) if queries is None else queries
+    sub = [answers[i] for i in q]
+    stages = {s: orders[s][q] for s in ("first_stage", "reranked")}
+    out = {s: within_group_accuracy(order, sub, group, k) for s, order in stages.items()}
+    # what binding each stage gets right: answer vs twin pairs, by what differs between their scenes
+    pairs = {s: pairs_by_scene(order, sub, group, scenes, k, lambda j, item: caption_of(q[j], item))
+             for s, order in stages.items()}
+    out["by_kind"] = {s: p["by_kind"] for s, p in pairs.items()}
+    out["relation_subsets"] = {s: p["relation_subsets"] for s, p in pairs.items()}
+    return out
+
+
+def novel_metrics(against: novelty.ReferenceWorld, novel: np.ndarray, ann: Annotations, orders: Dict, answers: Dict,
+                  families: Dict, k: int) -> Dict:
+    """The novel images' counts, and recall and within-family accuracy over the queries whose answer is novel."""
+    out: Dict = {"against": against.describe(), **novelty.counts(novel)}
+    for name in ("t2i", "i2t"):
+        q = novelty.query_subset(name, novel, ann.caption_image)
+        out[name] = {"queries": int(q.size)}
+        if q.size:  # a world whose every meaning was seen has no novel query to score
+            out[name].update(stage_recalls(orders[name], answers[name], q))
+            out[name]["within_family"] = family_metrics(orders[name], answers[name], *families[name], k, q)
+    return out
 
 
 def candidate_labels(candidates: np.ndarray, answers: Sequence[np.ndarray]) -> np.ndarray:
@@ -338,4 +389,30 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
                 cells = [f"{s[name]['accuracy']:.1f} [{s[name]['ci95'][0]:.0f}, {s[name]['ci95'][1]:.0f}] "
                          f"({s[name]['pairs']} / {s[name]['families']})" if name in s else "–" for _, s in subsets]
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if "novel" in metrics:
+        lines += novel_markdown(metrics["novel"])
     return "\n".join(lines) + "\n"
+
+
+def novel_markdown(novel: Dict) -> List[str]:
+    """The novel-meaning counts and the figures over the queries whose answer is novel, as Markdown lines."""
+    lines = ["", f"Novel meanings: {novel['novel_images']} of {novel['images']} images have a scene whose meaning "
+             f"(`Scene.signature()`) is in no training scene, {novel['repeated_images']} ({novel['repeated_pct']:.1f} %) "
+             f"repeat one exactly; seen = {novel['against']}. Over the queries whose answer is novel:", "",
+             "| direction | stage | R@1 | R@5 | R@10 | within-family | queries |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
+        block = novel[d]
+        for stage in ("first_stage", "reranked_itm_only", "reranked"):
+            if stage not in block:
+                continue
+            r, fam = block[stage], block.get("within_family", {}).get(stage, {})
+            acc = f"{fam['accuracy']:.2f}" if fam.get("accuracy") is not None else "–"
+            name = {"reranked_itm_only": "reranked, ITM alone", "reranked": "reranked"}.get(stage, "first stage")
+            lines.append(f"| {label} | {name} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} | {acc} | "
+                         f"{block['queries']} |")
+    kinds = novel["t2i"].get("within_family", {}).get("by_kind", {}).get("reranked", {})
+    if kinds:
+        lines += ["", "Novel answers, per twin kind (text→image, reranked): " + ", ".join(
+            f"{kind} {v['accuracy']:.1f} ({v['pairs']})" for kind, v in kinds.items()) + "."]
+    return lines

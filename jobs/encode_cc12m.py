@@ -32,7 +32,7 @@ class WeightsError(ValueError):
 def build_parser() -> argparse.ArgumentParser:
     """The command line; every option maps onto an EncodeJobConfig field."""
     d = EncodeJobConfig(output="-")
-    p = argparse.ArgumentParser(prog="encode_cc12m.py", description=__doc__,
+    p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
     io.add_argument("--input", nargs="+", help="url list(s): one or more files, folders or globs on any fsspec "

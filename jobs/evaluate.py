@@ -3,7 +3,9 @@
   python jobs/evaluate.py --annotations world/flickr30k_test.json --tokens runs/test_raw.parquet \
       --checkpoint checkpoints/edje-c64-distilled --k 10 --output runs/eval
 Writes metrics.json ({"t2i": {"first_stage": {...}, "reranked": {...}}, "i2t": {...}}), metrics.md,
-examples.png and run.json (config, timings) to --output.
+examples.png and run.json (config, timings) to --output. With --novel-against 100 (a world seed, or a generated
+world's folder) metrics.json's "novel" block counts the test images whose meaning repeats a training scene of that
+world and gives every figure again over the queries whose answer is novel (evaluation/novelty.py).
 
   python jobs/evaluate.py --compare benchmarks/comparison_seed57.json --output runs/compare57
 Reads the evaluation outputs a spec names into one table of reranker designs over the same first stage
@@ -48,6 +50,18 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--device", default="auto",
                    help="text tower, adapter and joint encoder: auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--novel-against", metavar="WORLD_JSON_OR_SEED",
+                   help="also report every figure over the queries whose answer image's meaning (Scene.signature) is "
+                   "in no training scene of this world: a generated world's folder or world.json, or a world seed "
+                   "whose scenes are sampled (nothing rendered) at --novel-against-n-train/-n-val; 100 is the shipped "
+                   "checkpoints' training world. Needs the sample world's world.json beside --annotations")
+    p.add_argument("--novel-against-n-train", type=int, default=12000,
+                   help="train images of the --novel-against seed's world (default %(default)s: world 100's)")
+    p.add_argument("--novel-against-n-val", type=int, default=500,
+                   help="val images of the --novel-against seed's world (default %(default)s)")
+    p.add_argument("--novel-against-held-out", nargs="+", default=[], metavar="VALUE+VALUE",
+                   help="combinations the --novel-against seed's world withheld (an exclude world, e.g. red+circle "
+                   "large+square for ex100)")
     p.add_argument("--compare", metavar="SPEC.json",
                    help="instead of evaluating: one table of the evaluation outputs SPEC names (evaluation/compare.py), "
                    "written as comparison.md/json to --output")
@@ -58,14 +72,20 @@ def main(argv=None) -> None:
         return
     if not a.annotations or not a.tokens:
         p.error("--annotations and --tokens are required (unless --compare)")
+    from edje.evaluation.novelty import parse_reference
     from edje.evaluation.rerank_eval import EvalConfig, evaluate  # here: --compare needs neither torch models nor FAISS
+    try:
+        against = parse_reference(a.novel_against, a.novel_against_n_train, a.novel_against_n_val,
+                                  a.novel_against_held_out) if a.novel_against else None
+    except ValueError as e:
+        p.error(str(e))
     cfg = EvalConfig(annotations=a.annotations, tokens=a.tokens, output=a.output, checkpoint=a.checkpoint, k=a.k,
                      backbone_only=a.backbone_only, first_stage_weight=a.add_first_stage_similarity,
                      fit_first_stage_weight=a.fit_first_stage_weight,
                      fit_calibration=a.fit_calibration, quant=a.quant,
                      group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
                      max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads,
-                     device=a.device)
+                     device=a.device, novel_against=against)
     metrics = evaluate(cfg)
     print((Path(a.output) / "metrics.md").read_text())
     del metrics

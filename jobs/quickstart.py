@@ -10,6 +10,11 @@ tables); 5. the encode job writes compressed int8 token tables with the checkpoi
 request; 8. a table of recall before and after and the top results of that request.
 Everything it started is stopped at the end; with --keep-serving the server stays up on the quickstart's
 corpus with the search page on (thumbnails from the sample world's image folder), until Ctrl-C.
+
+The report counts the test images whose meaning (Scene.signature) repeats a training scene of the checkpoint's
+training world (--train-world-seed 100, the shipped checkpoints') and gives recall and within-family accuracy again
+over the novel ones. --held-out-mode only|exclude tests a checkpoint whose config.json names the attribute
+combinations it never saw (`held_out`) on a world made only of them, or on one without them.
 """
 from __future__ import annotations
 
@@ -55,6 +60,13 @@ class QuickstartConfig:
     # Share of two-object families with both objects on one side of the image centre: relations there
     # cannot be read from the subject's side alone, and the report gives them as their own subset.
     same_side_rate: float = 0.25
+    # The world the checkpoint was trained on: test images whose meaning repeats one of its training scenes are
+    # counted, and every figure is given again over the others. None: no such split.
+    train_world_seed: Optional[int] = 100
+    train_world_n_train: int = 12000
+    train_world_n_val: int = 500
+    # "only" / "exclude": test on a world made only of the checkpoint's held-out combinations, or without them.
+    held_out_mode: Optional[str] = None
 
 
 def step(n: int, text: str, t0: float) -> None:
@@ -77,7 +89,6 @@ def run(cfg: QuickstartConfig) -> dict:
 
     from edje.evaluation.rerank_eval import EvalConfig, evaluate
     from edje.pipeline.job import run_encode_job
-    from edje.sampleworld import WorldConfig, generate
     from edje.sampleworld.server import serve_directory
     from edje.schemas.encode_job import EncodeJobConfig
     from edje.serving.app import build
@@ -85,6 +96,9 @@ def run(cfg: QuickstartConfig) -> dict:
 
     t0 = time.time()
     out = (ROOT / cfg.output).resolve() if not os.path.isabs(cfg.output) else Path(cfg.output)
+    held_out = checkpoint_held_out(cfg.checkpoint, required=cfg.held_out_mode is not None)  # fails before Ray starts
+    world_cfg = world_config(cfg, held_out)
+    against = reference_world(cfg, held_out)
     out.mkdir(parents=True, exist_ok=True)
 
     step(1, "starting a local Ray cluster", t0)
@@ -92,9 +106,9 @@ def run(cfg: QuickstartConfig) -> dict:
     server = None
     try:
         step(2, f"generating the sample world (seed {cfg.seed}) and serving it on loopback", t0)
-        world = out / "world"
-        if not (world / "world.json").exists():
-            generate(WorldConfig(seed=cfg.seed, same_side_rate=cfg.same_side_rate), world)
+        if cfg.held_out_mode:
+            print(f"    {held_out_line(held_out, cfg.held_out_mode, cfg.checkpoint)}", flush=True)
+        world = prepare_world(out, world_cfg)
         server = serve_directory(world, port=0)
         urls = test_url_list(world, server.base_url, out / "test_urls.tsv", cfg.test_images)
         print(f"    {server.base_url} serves {world}; url list of the test split: {urls}", flush=True)
@@ -128,7 +142,7 @@ def run(cfg: QuickstartConfig) -> dict:
         metrics = evaluate(EvalConfig(annotations=str(ann), tokens=list(comp["tables"]),
                                       output=str(out / "eval"), checkpoint=checkpoint, k=cfg.k,
                                       backbone_pretrained=cfg.backbone_weights,
-                                      max_queries_per_image=cfg.queries_per_image))
+                                      max_queries_per_image=cfg.queries_per_image, novel_against=against))
 
         step(7, "Ray Serve: token store + first stage + reranker behind FastAPI; one /v1/rerank request", t0)
         port = cfg.port or free_port()
@@ -146,6 +160,8 @@ def run(cfg: QuickstartConfig) -> dict:
                                  headers={"Authorization": f"Bearer {token}"} if token else {}).json()
 
         step(8, "results", t0)
+        if cfg.held_out_mode:
+            print(f"\n{held_out_line(held_out, cfg.held_out_mode, cfg.checkpoint)}")
         print_report(metrics, query, documents, answer, response, raw, comp)
         (out / "rerank_response.json").write_text(json.dumps(response, indent=2))
         print(f"\nquickstart finished in {time.time() - t0:.0f}s; outputs under {out} "
@@ -163,6 +179,76 @@ def run(cfg: QuickstartConfig) -> dict:
         ray.shutdown()
         if server is not None:
             server.stop()
+
+
+def checkpoint_held_out(checkpoint: str, required: bool = False) -> tuple:
+    """The attribute combinations the checkpoint never saw in training (config.json's `held_out`, in the `--held-out`
+    syntax of `sampleworld generate`); ValueError when `required` and it names none."""
+    from edje.sampleworld.held_out import HeldOut
+
+    path = Path(checkpoint) / "config.json"
+    held = json.loads(path.read_text()).get("held_out") if path.exists() else None
+    if not held:
+        if required:
+            raise ValueError(f"--held-out-mode needs the combinations the checkpoint never saw, but {path} has no "
+                             f"`held_out` key (e.g. \"held_out\": [\"red+circle\", \"large+square\"]); the shipped "
+                             f"checkpoints saw every combination")
+        return ()
+    if isinstance(held, str) or not all(isinstance(h, str) for h in held):
+        raise ValueError(f"{path}: `held_out` must be a list of VALUE+VALUE strings, got {held!r}")
+    HeldOut.parse(held)  # the generator's own check: an unknown value or a bad spelling fails here, not mid-run
+    return tuple(held)
+
+
+def world_config(cfg: QuickstartConfig, held_out: tuple):
+    """The sample world to test on: the seed's default world, or (--held-out-mode) a test split only made of, or
+    without, the held-out combinations, as BENCHMARKS.md's t9898 / t9797 (its first N images whatever N is)."""
+    from edje.sampleworld import WorldConfig
+
+    if not cfg.held_out_mode:
+        return WorldConfig(seed=cfg.seed, same_side_rate=cfg.same_side_rate)
+    family = WorldConfig().family_size
+    n_test = -(-(cfg.test_images or WorldConfig().n_test) // family) * family  # whole families
+    return WorldConfig(seed=cfg.seed, n_train=0, n_val=0, n_test=n_test, same_side_rate=cfg.same_side_rate,
+                       held_out=held_out, held_out_mode=cfg.held_out_mode)
+
+
+def reference_world(cfg: QuickstartConfig, held_out: tuple):
+    """The checkpoint's training world, whose train scenes count as seen; it withheld the checkpoint's held-out
+    combinations (an exclude world, as ex100 for the held-out twins). None without --train-world-seed."""
+    from edje.evaluation.novelty import parse_reference
+
+    if cfg.train_world_seed is None:
+        return None
+    return parse_reference(str(cfg.train_world_seed), cfg.train_world_n_train, cfg.train_world_n_val, held_out)
+
+
+def prepare_world(out: Path, config) -> Path:
+    """`out/world` generated for `config`, or reused when it already is; a world made otherwise is regenerated and
+    the token tables encoded from it are removed (their image ids would name other images)."""
+    import shutil
+
+    from edje.sampleworld import generate, load_world
+
+    world = out / "world"
+    if (world / "world.json").exists():
+        try:
+            if load_world(world).config == config:
+                return world
+        except (ValueError, KeyError, TypeError):  # an older or foreign world.json: made otherwise
+            pass
+        print(f"    {world} holds another world: regenerating it and re-encoding its tables", flush=True)
+        for stale in [out / "raw", *out.glob("compressed-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+    generate(config, world)
+    return world
+
+
+def held_out_line(held_out: tuple, mode: str, checkpoint: str) -> str:
+    """Which combinations the test world was made of (only) or without (exclude), and whose they are."""
+    what = "made only of images that show one of" if mode == "only" else "without"
+    return (f"held-out combinations ({os.path.relpath(checkpoint, ROOT)}/config.json): {', '.join(held_out)}; "
+            f"the test world is {what} them (--held-out-mode {mode})")
 
 
 def page_options(world: Path, annotations_path: Path, out: Path) -> dict:
@@ -232,31 +318,57 @@ def rerank_request(world: Path, limit: Optional[int]):
     return target.captions[0], documents, target.image_id
 
 
-def print_report(metrics, query, documents, answer, response, raw, comp) -> None:
-    """Recall before/after and the top results of the rerank request, as plain tables."""
-    print("\nRecall on the sample world's test split (first stage = backbone embeddings via FAISS):")
+def print_recall_table(block: dict) -> None:
+    """Recall and within-family accuracy of each stage, both directions, of `block` (all queries or a subset)."""
     # Within-family: the right image (caption) ranked above its binding twins, among queries whose
     # top k holds both: what reranking is for (chance among a family of 4 is 25 %).
     print(f"{'direction':<12}{'stage':<14}{'R@1':>8}{'R@5':>8}{'R@10':>8}{'within-family':>15}")
     for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
-        family = metrics[d].get("within_family", {})
+        family = block[d].get("within_family", {})
         for stage in ("first_stage", "reranked_itm_only", "reranked"):
-            if stage not in metrics[d]:
+            if stage not in block[d]:
                 continue
-            r = metrics[d][stage]
+            r = block[d][stage]
             name = {"first_stage": "first stage", "reranked_itm_only": "ITM alone"}.get(stage, "reranked")
             acc = family.get(stage, {}).get("accuracy")
             fam = f"{acc:>14.1f}%" if acc is not None else f"{'':>15}"
             print(f"{label:<12}{name:<14}{r['r1']:>8.2f}{r['r5']:>8.2f}{r['r10']:>8.2f}{fam}")
-    kinds = metrics["t2i"].get("within_family", {}).get("by_kind", {}).get("reranked", {})
+
+
+def print_kinds(block: dict) -> None:
+    """Text-to-image twins told apart by twin kind, and the relation twins by side, of `block`."""
+    kinds = block["t2i"].get("within_family", {}).get("by_kind", {}).get("reranked", {})
     if kinds:
         print("text→image twins told apart (reranked; 95 % interval over families): " + ", ".join(
             f"{k} {v['accuracy']:.1f}% [{v['ci95'][0]:.0f}, {v['ci95'][1]:.0f}]" for k, v in kinds.items()))
-        subsets = metrics["t2i"]["within_family"].get("relation_subsets", {}).get("reranked", {})
+        subsets = block["t2i"]["within_family"].get("relation_subsets", {}).get("reranked", {})
         if subsets:
             print("relation twins by subset: " + ", ".join(
                 f"{k.split(': ')[1]} {v['accuracy']:.1f}% ({v['pairs']} pairs)" for k, v in subsets.items()
                 if k.startswith("side")))
+
+
+def print_novel(novel: dict) -> None:
+    """How many test images repeat a training meaning, and the figures over the novel ones."""
+    print(f"\nNovel meanings: {novel['repeated_images']} of {novel['images']} test images "
+          f"({novel['repeated_pct']:.1f} %) have exactly the meaning of a training scene, {novel['novel_images']} "
+          f"are novel; seen = {novel['against']}.")
+    if not novel["t2i"]["queries"]:
+        print("no test image is novel: nothing to report over novel answers")
+        return
+    print(f"Over the queries whose answer is novel ({novel['t2i']['queries']} text→image, "
+          f"{novel['i2t']['queries']} image→text):")
+    print_recall_table(novel)
+    print_kinds(novel)
+
+
+def print_report(metrics, query, documents, answer, response, raw, comp) -> None:
+    """Recall before/after and the top results of the rerank request, as plain tables."""
+    print("\nRecall on the sample world's test split (first stage = backbone embeddings via FAISS):")
+    print_recall_table(metrics)
+    print_kinds(metrics)
+    if "novel" in metrics:
+        print_novel(metrics["novel"])
     rule = metrics.get("ranking", {})
     if rule.get("first_stage_weight"):
         print(f"(reranked = ITM logit + {rule['first_stage_weight']:g} x first-stage cosine, the checkpoint's rule, "
@@ -292,12 +404,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--port", type=int, default=d.port, help="Serve's HTTP port (default: a free one)")
     p.add_argument("--same-side-rate", type=float, default=d.same_side_rate,
                    help="share of two-object families with both objects on one side of the centre (default %(default)s)")
+    p.add_argument("--train-world-seed", type=seed_or_none, default=d.train_world_seed,
+                   help="world the checkpoint was trained on (default %(default)s: the shipped checkpoints'; 'none' "
+                   "skips the split): test images whose meaning repeats one of its training scenes are counted and "
+                   "every figure is given again over the novel ones; its scenes are sampled, nothing rendered")
+    p.add_argument("--train-world-n-train", type=int, default=d.train_world_n_train,
+                   help="train images of that world (default %(default)s)")
+    p.add_argument("--train-world-n-val", type=int, default=d.train_world_n_val,
+                   help="val images of that world (default %(default)s)")
+    p.add_argument("--held-out-mode", choices=("only", "exclude"),
+                   help="test on a world made only of the attribute combinations the checkpoint never saw (its "
+                   "config.json's held_out), or on one without them: a test split alone, as `sampleworld generate "
+                   "--n-train 0 --n-val 0 --held-out ... --held-out-mode MODE`")
     a = p.parse_args(argv)
+    try:
+        checkpoint_held_out(a.checkpoint, required=a.held_out_mode is not None)
+    except ValueError as e:
+        p.error(str(e))
     run(QuickstartConfig(output=a.output, seed=a.seed, checkpoint=a.checkpoint, backbone_weights=a.backbone_weights,
                          quant=a.quant, k=a.k, queries_per_image=a.queries_per_image, pretrain_steps=a.pretrain_steps,
                          num_cpus=a.num_cpus, test_images=a.test_images, keep_serving=a.keep_serving, port=a.port,
-                         same_side_rate=a.same_side_rate))
+                         same_side_rate=a.same_side_rate, train_world_seed=a.train_world_seed,
+                         train_world_n_train=a.train_world_n_train, train_world_n_val=a.train_world_n_val,
+                         held_out_mode=a.held_out_mode))
     return 0
+
+
+def seed_or_none(text: str) -> Optional[int]:
+    """A world seed, or None for 'none'."""
+    return None if text.lower() == "none" else int(text)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                  torch_threads=args.torch_threads, live_dir=args.live_dir,
                  image_url_hosts=args.image_url_hosts, image_url_allow=args.image_url_allow,
                  ui=args.ui, image_dir=args.image_dir, image_url_prefix=args.image_url_prefix, shards=args.shards,
+                 replicas_per_shard=args.replicas_per_shard, retry_after_s=args.retry_after,
                  index_factory=args.index_factory, index_search_params=args.index_search_params)
     base.update({k: v for k, v in flags.items() if v is not None})
     rr = dict(base.get("reranker") or {})
@@ -62,6 +63,10 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             rr[key] = value
     if rr:
         base["reranker"] = {**dataclasses.asdict(_default_reranker()), **rr}
+    ingress = {key: value for key, value in (("max_ongoing_requests", args.ingress_max_ongoing),
+                                             ("max_queued_requests", args.ingress_max_queued)) if value is not None}
+    if ingress:
+        base["ingress"] = {**dataclasses.asdict(_default_resources("ingress")), **dict(base.get("ingress") or {}), **ingress}
     # The first stage's text tower and the miner's run on a GPU when their replicas are given one.
     for name, gpus in (("first_stage", args.first_stage_gpus), ("miner", args.miner_gpus)):
         if gpus is not None:
@@ -104,6 +109,15 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int)
     p.add_argument("--shards", type=int, help="split the corpus into this many shards by a hash of the image id: one "
                    "FirstStage and one Reranker deployment per shard, each holding its rows only (default 1)")
+    p.add_argument("--replicas-per-shard", type=int,
+                   help="replicas of each shard's FirstStage and Reranker: a shard answers while one of them does "
+                        "(default 1; --reranker-replicas, when given, sets the Reranker's)")
+    p.add_argument("--ingress-max-ongoing", type=int,
+                   help="requests an ingress replica works on at once (default 64)")
+    p.add_argument("--ingress-max-queued", type=int,
+                   help="requests Serve's proxy holds back for the ingress beyond those; more are answered 503 with "
+                        "Retry-After at once (default 64; -1: no limit)")
+    p.add_argument("--retry-after", type=float, help="seconds in the Retry-After header of a 503 (default 1)")
     p.add_argument("--index-factory", help="FAISS index of the first stage (default Flat; 'IVF1024,PQ32' for large corpora)")
     p.add_argument("--index-search-params", help="its search parameters, as faiss.ParameterSpace takes them ('nprobe=32')")
     p.add_argument("--reranker-replicas", type=int)

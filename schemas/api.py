@@ -2,12 +2,17 @@
 
 `/v1/rerank` takes and returns Jina's rerank shape and `/v2/rerank` Cohere's, so that clients
 written for those services work by changing only their base URL. Documents are image ids of
-the served corpus. Unknown request fields are ignored (those clients send extras such as
-`max_tokens_per_doc`). A document object's `image` may also carry the image itself (an http(s)
+the served corpus. A document object's `image` may also carry the image itself (an http(s)
 url, a `data:` url or base64 bytes; `image_source`), and a plain string that is an http(s) url is an
-image url (`document_ref`). The request models are built from `ApiLimits` (`request_models`), so
-the limits the server enforces (document count, text length, non-blank text, top_n >= 1) are
-the ones its OpenAPI schema states: one configuration, validated by pydantic, documented by FastAPI.
+image url (`document_ref`). A text document (`{"text": ...}` alone, Jina's and Cohere's v1 shape) is
+refused (422, TEXT_DOCUMENT): this server ranks images, and reading the text as an image id would answer a
+misleading 404. Unknown request fields are refused (422 naming them), except the fields real clients send
+that mean nothing for images, which are declared and documented as ignored (IGNORED_FIELDS). A text longer
+than the joint encoder reads (max_text_tokens wordpieces) is cut when `truncate` is true (the default, as in
+Hugging Face TEI's /rerank; the response's `meta.truncated` says so) and refused with 413 when false.
+The request models are built from `ApiLimits` (`request_models`), so the limits the server enforces (document
+count, text length, non-blank text, top_n >= 1) are the ones its OpenAPI schema states: one configuration,
+validated by pydantic, documented by FastAPI.
 `/v1/search` searches by a text, by a corpus image id, or by both (mixed-modal: the image and a text that
 modifies it; `SearchRequest`).
 """
@@ -17,13 +22,25 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 NON_BLANK = r"\S"  # at least one non-whitespace character (JSON Schema patterns search, like pydantic's)
 MAX_ID_CHARS = 512  # image ids are short keys; longer strings cannot be in the corpus
 MAX_URL_CHARS = 2048
 URL_PATTERN = r"^https?://\S+$"
-DOCUMENT_KEYS = ("id", "image_id", "image", "text")
+DOCUMENT_KEYS = ("id", "image_id", "image")  # what names a document object's image, in the order read
+TEXT_DOCUMENT = ("this server ranks images: send a corpus image id as {'id': ...} or a plain string, "
+                 "or an image as {'image': url | base64}")
+# Fields that Jina, Cohere (SDK v1 and v2) and TEI clients send and that mean nothing for image documents: declared
+# on the rerank request (so that OpenAPI documents them) and ignored. Any other unknown field is a 422.
+IGNORED_FIELDS = {
+    "max_tokens_per_doc": "Cohere v2: documents are images, never cut into tokens",
+    "priority": "Cohere v2: requests are served in arrival order",
+    "rank_fields": "Cohere v1: document objects name an image, there are no text fields to rank on",
+    "max_chunks_per_doc": "Cohere v1: an image document is one chunk, never split (`max_chunks` is not accepted)",
+    "return_text": "TEI: documents are echoed by `return_documents`",
+}
 # Mixed-modal search: the image's share of the first-stage query (the text has the rest). Both embeddings are unit
 # vectors of one joint space, so 0.5 weighs the two directions alike (the "image + text" sum baseline of composed
 # image retrieval); benchmarks/mixed_modal.py measures it.
@@ -55,25 +72,46 @@ class ApiLimits:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are refused: a misspelt or unsupported option must not be silently dropped.
+    model_config = ConfigDict(extra="forbid")
 
 
-class DocumentById(_Request):
+class _DocumentObject(_Request):
+    """A document object: names one image; a `text` beside it is accepted and ignored."""
+
+    text: Optional[str] = Field(None, description="ignored: the image is what is ranked (a document with only a "
+                                                  "text is refused: this server ranks images)")
+
+
+class DocumentById(_DocumentObject):
     """A document object naming its image by `id` (Jina/Cohere style objects)."""
 
     id: ImageId
 
 
-class DocumentByImageId(_Request):
+class DocumentByImageId(_DocumentObject):
     """A document object naming its image by `image_id`."""
 
     image_id: ImageId
 
 
-class DocumentByText(_Request):
-    """A document object whose `text` is the image id (what Jina's text documents carry)."""
-
-    text: ImageId
+def check_document_object(value: Any) -> Any:
+    """Refuse, before the document union is tried (whose errors would list every member), a document object that
+    names no image (a text document), names it twice, or has unknown fields; one message each."""
+    if not isinstance(value, dict):
+        return value
+    unknown = sorted(set(value) - {*DOCUMENT_KEYS, "text"})
+    named = [k for k in DOCUMENT_KEYS if k in value]
+    if unknown:
+        message = f"unknown document fields {unknown}: a document object is {{'id' | 'image_id' | 'image': ...}}"
+    elif not named:
+        message = TEXT_DOCUMENT if "text" in value else "a document object names its image by 'id', 'image_id' or 'image'"
+    elif len(named) > 1:
+        message = f"a document object names its image once: one of 'id', 'image_id', 'image', got {named}"
+    else:
+        return value
+    # "{message}" as the template: the message's own braces are not read as placeholders.
+    raise PydanticCustomError("document_shape", "{message}", {"message": message})
 
 
 def image_source(value: str) -> Tuple[str, str]:
@@ -102,7 +140,7 @@ def document_ref(doc: Union[str, BaseModel, Dict[str, Any]]) -> Tuple[str, str]:
 
 
 def document_id(doc: Union[str, BaseModel, Dict[str, Any]]) -> str:
-    """The image id a document names: the string itself or its id/image_id/image/text field, in that order."""
+    """The image id a document names: the string itself or its id/image_id/image field, in that order."""
     if isinstance(doc, str):
         return doc
     fields = doc if isinstance(doc, dict) else doc.model_dump()
@@ -133,14 +171,21 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
     Url = Annotated[str, Field(min_length=8, max_length=MAX_URL_CHARS, pattern=URL_PATTERN,
                                description=f"http(s) url of an image (at most {limits.max_image_bytes} bytes)")]
 
-    class DocumentByImage(_Request):
+    class DocumentByImage(_DocumentObject):
         """A document object whose `image` is an image id, an http(s) url, a data: url or base64 image bytes
         (a string longer than an id can be)."""
 
         image: Annotated[str, Field(min_length=1, max_length=limits.max_image_chars, pattern=NON_BLANK)]
 
     # Url after ImageId: a bare url string longer than an id can be is still a document.
-    Document = Union[ImageId, Url, DocumentById, DocumentByImageId, DocumentByImage, DocumentByText]
+    Document = Annotated[Union[ImageId, Url, DocumentById, DocumentByImageId, DocumentByImage],
+                         BeforeValidator(check_document_object)]
+
+    def truncate_field(what: str):
+        """The `truncate` option (Hugging Face TEI's): cut an over-long text, or refuse it with 413."""
+        return Field(True, description=f"{what} longer than the joint encoder reads (the checkpoint's max_text_tokens "
+                                       "wordpieces, shown by GET /v1/info) is cut to its first max_text_tokens "
+                                       "wordpieces, and the response's meta.truncated says so; false: refused with 413")
 
     class RerankRequest(_Request):
         """Rank image documents for a text query (Jina /v1/rerank and Cohere /v2/rerank requests)."""
@@ -159,6 +204,16 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         raw_scores: bool = Field(False, description="relevance_score is the uncalibrated ranking score (ITM logit, "
                                                     "+ w x first-stage cosine when the rule fuses) instead of the "
                                                     "calibrated probability")
+        truncate: bool = truncate_field("a query")
+        # Sent by other services' clients, meaningless for images: accepted and ignored (IGNORED_FIELDS).
+        max_tokens_per_doc: Optional[int] = Field(None, description="ignored (" + IGNORED_FIELDS["max_tokens_per_doc"] + ")")
+        priority: Optional[int] = Field(None, description="ignored (" + IGNORED_FIELDS["priority"] + ")")
+        rank_fields: Optional[List[str]] = Field(None, description="ignored (" + IGNORED_FIELDS["rank_fields"] + ")")
+        max_chunks_per_doc: Optional[int] = Field(None, description="ignored (" + IGNORED_FIELDS["max_chunks_per_doc"] + ")")
+        return_text: Optional[bool] = Field(None, description="ignored (" + IGNORED_FIELDS["return_text"] + ")")
+        truncation_direction: Literal["right", "Right"] = Field(
+            "right", description="TEI: which end of an over-long text is cut; only the right end (the joint encoder "
+                                 "reads a text's first wordpieces)")
 
         @model_validator(mode="after")
         def _few_images(self):
@@ -185,6 +240,7 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         top_n: Optional[int] = Field(None, ge=1)
         return_documents: bool = True
         raw_scores: bool = False
+        truncate: bool = truncate_field("a text")
 
     class SearchRequest(_Request):
         """Search the corpus: first stage top_k by embedding similarity, reranked, best top_n returned. The query is
@@ -203,6 +259,7 @@ def request_models(limits: ApiLimits = ApiLimits()) -> RequestModels:
         top_k: int = Field(10, ge=1, le=limits.max_top_k, description="first-stage candidates handed to the reranker")
         top_n: Optional[int] = Field(None, ge=1, description="results returned (default: top_k)")
         raw_scores: bool = False
+        truncate: bool = truncate_field("a query")
         return_first_stage: bool = Field(False, description="also return all top_k candidates in first-stage order "
                                                             "(`first_stage`), e.g. to show the order before reranking")
 
@@ -263,16 +320,37 @@ class RerankResult(BaseModel):
 
 
 class Usage(BaseModel):
-    total_tokens: int = Field(..., description="joint-encoder positions per pair summed: caption words (approximating "
-                              "wordpieces, capped at max_text_tokens) + image tokens + 3 special tokens")
+    total_tokens: int = Field(..., description="joint-encoder positions per pair summed: the text's wordpieces (the "
+                              "checkpoint's tokenizer, at most max_text_tokens) + image tokens + 3 special tokens")
+
+
+class TruncatedText(BaseModel):
+    index: int = Field(..., description="position of the text in the request's `texts`")
+    tokens: int = Field(..., description="its wordpieces")
+
+
+class Truncation(BaseModel):
+    """What `truncate: true` cut: the joint encoder read only the first `kept` wordpieces of these texts."""
+
+    kept: int = Field(..., description="wordpieces of a text the joint encoder reads (the checkpoint's max_text_tokens)")
+    query_tokens: Optional[int] = Field(None, description="the query's wordpieces, when there were more than `kept`")
+    texts: Optional[List[TruncatedText]] = Field(None, description="/v1/rerank/texts: the texts longer than `kept`")
+
+
+class ResponseMeta(BaseModel):
+    """Present only when there is something to say: what was truncated, in words and as figures."""
+
+    truncated: Optional[Truncation] = None
+    warnings: Optional[List[str]] = None
 
 
 class RerankResponse(BaseModel):
-    """Jina's /v1/rerank response shape, sorted by relevance_score, best first."""
+    """Jina's /v1/rerank response shape, sorted by relevance_score, best first (`meta` only when a text was cut)."""
 
     model: str
     results: List[RerankResult]
     usage: Usage
+    meta: Optional[ResponseMeta] = None
 
 
 class CohereResult(BaseModel):
@@ -281,8 +359,12 @@ class CohereResult(BaseModel):
 
 
 class CohereMeta(BaseModel):
+    """Cohere's meta (its SDK keeps fields it does not know): `warnings` is Cohere's own, `truncated` ours."""
+
     api_version: Dict[str, str] = {"version": "2"}
     billed_units: Dict[str, int] = {"search_units": 1}
+    warnings: Optional[List[str]] = None
+    truncated: Optional[Truncation] = None
 
 
 class CohereRerankResponse(BaseModel):
@@ -320,6 +402,7 @@ class SearchResponse(BaseModel):
     expected_image_id: Optional[str] = Field(
         None, description="the image the query text is a caption of, when the server's caption sources hold that "
                           "exact caption for exactly one image (sample worlds, evaluation sets); absent otherwise")
+    meta: Optional[ResponseMeta] = Field(None, description="present when the query was truncated")
 
 
 class NegativeImage(BaseModel):

@@ -1,8 +1,11 @@
 """Builds the Serve application graph from a ServeConfig (also the `import_path` of serve_config.yaml).
 
-Graph: Ingress -> {Reranker (holds the token store), FirstStage, Miner(-> Reranker)}. FirstStage and
-Miner are plain classes (serving/first_stage.py, serving/miner.py) made deployments in serving/deployments.py
-(the first stage's with its metrics); Reranker is a thin shell around serving/reranker_core.py.
+Graph: Ingress -> {Reranker (holds the token store), FirstStage, Miner(-> Reranker)}, one Reranker and one
+FirstStage per shard, each with `replicas_per_shard` replicas. FirstStage and Miner are plain classes
+(serving/first_stage.py, serving/miner.py) made deployments in serving/deployments.py (the first stage's with
+its metrics); Reranker is a thin shell around serving/reranker_core.py. With shards, the miner rescores through
+every shard's reranker (ShardedRerankers: each pair to the shard that owns its image). The ingress carries Serve's
+admission options (max_ongoing_requests, max_queued_requests) and answers refused requests 503 with Retry-After.
 Options given here (ServeConfig's DeploymentResources) are defaults: a Serve config file's `deployments:`
 section overrides them, per deployment and option (serve_config.yaml sets replicas and resources there).
 Without a checkpoint only the miner (embedding similarity) is served: what pretraining asks for
@@ -18,6 +21,7 @@ from edje.serving.config import ServeConfig
 from edje.serving.deployments import FirstStageDeployment, MinerDeployment
 from edje.serving.ingress import Ingress
 from edje.serving.reranker import Reranker
+from edje.serving.shards import ShardedRerankers
 
 
 def check_tables(config: ServeConfig) -> None:
@@ -42,18 +46,21 @@ def build(config: ServeConfig) -> Application:
         for s in range(config.shards):
             shard = config.for_shard(s)
             suffix = "" if config.shards == 1 else f"-{s}"  # one deployment per shard: Serve routes within it
-            rerankers.append(Reranker.options(name=f"Reranker{suffix}", **config.reranker.options()).bind(shard))
-            first_stages.append(FirstStageDeployment.options(name=f"FirstStage{suffix}", **config.first_stage.options()).bind(
+            replicas = config.replicas_per_shard
+            rerankers.append(Reranker.options(name=f"Reranker{suffix}", **config.reranker.options(replicas)).bind(shard))
+            first_stages.append(FirstStageDeployment.options(
+                name=f"FirstStage{suffix}", **config.first_stage.options(replicas)).bind(
                 list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, shard.live_dir,
                 index_search_params=config.index_search_params, shard=s, num_shards=config.shards))
-    # The miner rescores through one reranker that holds every row: with shards it mines without rescoring.
-    reranker = rerankers[0] if len(rerankers) == 1 else None
+    # The miner rescores through the reranker that holds each pair's image: the one deployment, or the shard's.
+    reranker = None if not rerankers else rerankers[0] if len(rerankers) == 1 else ShardedRerankers(rerankers)
     miner = None
     if config.caption_sources:
         miner = MinerDeployment.options(**config.miner.options()).bind(
             list(config.image_tables), list(config.caption_sources), config.index_factory, config.backbone_pretrained,
             reranker, threads)
-    return Ingress.options(**config.ingress.options()).bind(
+    # Serve answers the requests beyond the ingress's max_queued_requests itself: 503 with this Retry-After.
+    return Ingress.options(**config.ingress.options(), backpressure_config={"retry_after_s": config.retry_after_s}).bind(
         config, config.resolved_auth_token(), rerankers, first_stages, miner)
 
 

@@ -21,7 +21,11 @@ class DeploymentResources:
     num_replicas: Optional[int] = None
     num_cpus: float = 0.0
     num_gpus: float = 0.0
-    max_ongoing_requests: int = 64
+    max_ongoing_requests: int = 64  # requests a replica works on at once (Serve's own option)
+    # Requests a caller (Serve's HTTP proxy for the ingress, a handle for the others) holds back while every replica
+    # is at max_ongoing_requests; beyond it Serve refuses at once (HTTP 503 with Retry-After at the ingress).
+    # None: not passed (Serve's default, -1: no limit, so an overload only grows the wait).
+    max_queued_requests: Optional[int] = None
     # Serve's replica health check. Generous on purpose: a replica whose CPU is taken by training or
     # encoding beside it answers late, and being replaced then only adds a model load to the load.
     health_check_period_s: float = 10.0
@@ -36,15 +40,25 @@ class DeploymentResources:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError("num_cpus and num_gpus must be >= 0")
+        if self.max_ongoing_requests < 1:
+            raise ValueError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0 and self.max_queued_requests != -1:
+            raise ValueError(f"max_queued_requests must be >= 0 (or -1: no limit), got {self.max_queued_requests}")
 
-    def options(self) -> dict:
-        """Keyword arguments for `Deployment.options` (num_replicas only when set)."""
+    def options(self, default_replicas: int = 1) -> dict:
+        """Keyword arguments for `Deployment.options`: num_replicas when set (else `default_replicas` when it is not
+        Serve's own default of 1, so that a config file's autoscaling still decides otherwise), max_queued_requests
+        when set."""
         options = dict(max_ongoing_requests=self.max_ongoing_requests, health_check_period_s=self.health_check_period_s,
                        health_check_timeout_s=self.health_check_timeout_s,
                        max_constructor_retry_count=self.max_constructor_retry_count,
                        ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus})
         if self.num_replicas is not None:
             options["num_replicas"] = self.num_replicas
+        elif default_replicas != 1:
+            options["num_replicas"] = default_replicas
+        if self.max_queued_requests is not None:
+            options["max_queued_requests"] = self.max_queued_requests
         return options
 
 
@@ -78,6 +92,10 @@ class ServeConfig:
     # Reranker deployment holding only its rows (and its live images, under live_dir/shard-<s>). 1 = one of each.
     shards: int = 1
     shard: int = 0  # the shard a replica serves (set per shard deployment by serving/app.py)
+    # Replicas of each shard's FirstStage and Reranker (Serve's num_replicas; a deployment's own num_replicas, e.g.
+    # --reranker-replicas, wins): a shard answers while one of its replicas does, and the ingress retries a call
+    # whose replica died mid-request once, on another replica.
+    replicas_per_shard: int = 1
     # Live images (POST /v1/images, image documents; serving/live_images.py). live_dir: the shared append log
     # that every replica applies and that persists added images as token tables (None: no /v1/images route).
     live_dir: Optional[str] = None
@@ -104,7 +122,12 @@ class ServeConfig:
     reranker: DeploymentResources = DeploymentResources(num_cpus=1.0, max_ongoing_requests=256)
     first_stage: DeploymentResources = DeploymentResources()
     miner: DeploymentResources = DeploymentResources()
-    ingress: DeploymentResources = DeploymentResources(max_ongoing_requests=256)
+    # Admission (overload): an ingress replica works on max_ongoing_requests requests at once and Serve's proxy
+    # holds max_queued_requests more; any request beyond them gets 503 with Retry-After at once instead of
+    # waiting. An admitted request waits about (ongoing + queued) / throughput at worst: size the two to the
+    # rate the deployments sustain times the latency a client accepts (benchmarks/bench_shards.py --phases overload).
+    ingress: DeploymentResources = DeploymentResources(max_ongoing_requests=64, max_queued_requests=64)
+    retry_after_s: float = 1.0  # the Retry-After header (seconds, rounded up) of every 503: overload, a lost replica
 
     def __post_init__(self) -> None:
         if self.image_url_hosts is not None:
@@ -128,6 +151,10 @@ class ServeConfig:
             raise ValueError(f"shards must be >= 1 and 0 <= shard < shards, got shards={self.shards}, shard={self.shard}")
         if self.ready_timeout_s <= 0:
             raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
+        if self.replicas_per_shard < 1:
+            raise ValueError(f"replicas_per_shard must be >= 1, got {self.replicas_per_shard}")
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         for name in ("max_documents", "max_text_chars", "max_pairs", "max_top_k", "max_batch_pairs", "max_image_bytes",

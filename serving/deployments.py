@@ -31,10 +31,10 @@ class MeasuredFirstStage(FirstStage):
             self.metrics.corpus_rows.set(len(self.index))
         return added
 
-    def search(self, query: str, k: int) -> List[Tuple[str, float]]:
-        """FirstStage.search, timed."""
+    def search_text(self, query: str, k: int) -> ImageQueryHits:
+        """FirstStage.search_text (which FirstStage.search calls), timed."""
         with _timed(self.metrics, "text"):
-            return super().search(query, k)
+            return super().search_text(query, k)
 
     def search_image(self, image_id: str, query: Optional[str], image_weight: float, k: int) -> ImageQueryHits:
         """FirstStage.search_image, timed."""

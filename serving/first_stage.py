@@ -101,7 +101,8 @@ def _dedupe(ids: List[str], vectors: np.ndarray) -> Tuple[List[str], np.ndarray]
 
 @dataclass
 class ImageQueryHits:
-    """The first stage's answer to a query that names a corpus image: hits and the query vector, or the unknown id."""
+    """The first stage's answer to a text query or one that names a corpus image: hits and the query vector, or the
+    unknown id."""
 
     hits: List[Tuple[str, float]]
     query_embedding: Optional[np.ndarray]  # [e]: the fused ranking rule's first-stage side (its cosine = the hit's)
@@ -146,8 +147,14 @@ class FirstStage:
 
     def search(self, query: str, k: int) -> List[Tuple[str, float]]:
         """Top-k (image id, cosine) for one query text."""
+        return self.search_text(query, k).hits
+
+    def search_text(self, query: str, k: int) -> ImageQueryHits:
+        """Top-k (image id, cosine) for one query text, with the text's embedding: the other shards search with it,
+        and the fused ranking rule adds its cosine, so a search embeds its text once."""
         self.sync_live()
-        return self._hits(*self.index.search(embed_texts(self.backbone, [query]), k))
+        vector = embed_texts(self.backbone, [query])
+        return ImageQueryHits(self._hits(*self.index.search(vector, k)), vector[0], [])
 
     def search_image(self, image_id: str, query: Optional[str], image_weight: float, k: int) -> ImageQueryHits:
         """Top-k (image id, cosine) for a corpus image and an optional text (`combine_query`), the image excluded."""

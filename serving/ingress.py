@@ -9,8 +9,12 @@ OpenAPI at /openapi.json and /docs. The bearer token is checked first, by a
 middleware, before the body is read or validated: every route but PUBLIC_PATHS answers 401 without it,
 whatever the body. A feature that is not deployed has no route (404),
 never a 5xx. The request models come from `ServeConfig.api_limits()`, so the limits that the server enforces
-(422) are the ones the OpenAPI schema states. Unknown image ids are 404 (named). A downstream replica that
-dies mid-request is answered 503 (retry); Serve replaces the replica. Scored responses carry `X-EDJE-Replica`
+(422) are the ones the OpenAPI schema states; unknown fields are 422, named. Unknown image ids are 404 (named).
+Texts are measured in the checkpoint's wordpieces (`TextLimit`): one longer than the joint encoder reads is cut
+(`truncate`, the default; the response's meta says so) or refused with 413. A downstream call whose replica dies
+mid-request is made once more (another replica of the shard answers: serving/shards.py `call_with_retry`); when
+that fails too, or the deployment is overloaded, the answer is 503 with Retry-After, and Serve replaces the
+replica. Requests beyond the ingress's own admission limits get Serve's 503 (serving/app.py). Scored responses carry `X-EDJE-Replica`
 (the reranker replica) and `X-EDJE-Batch-Pairs` (pairs in the forward pass that scored them: > 1 when dynamic
 batching merged requests). Every response carries Serve's request id as `X-Request-ID` (Serve's proxy sets it,
 keeping a client's own); /v2/rerank's `id` is that id. Every response is counted and timed by route and status
@@ -22,9 +26,11 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import math
 import time
 import uuid
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request, Response, Security
@@ -38,6 +44,7 @@ from edje.model.ranking import RANKING_KEY, RankingConfig
 from edje.schemas.api import (
     MAX_ID_CHARS,
     AddImageResponse,
+    CohereMeta,
     CohereRerankResponse,
     CohereResult,
     Document,
@@ -47,9 +54,12 @@ from edje.schemas.api import (
     Readiness,
     RerankResponse,
     RerankResult,
+    ResponseMeta,
     SearchResponse,
     SearchResult,
     TableInfo,
+    TruncatedText,
+    Truncation,
     Usage,
     request_models,
 )
@@ -59,7 +69,7 @@ from edje.serving.live_sources import default_image_id
 from edje.serving.search_page import add_search_page, page_paths
 from edje.serving.search_view import caption_image, first_stage_list, first_stage_ranks
 from edje.serving.serve_metrics import IngressMetrics, RequestMetrics
-from edje.serving.shards import ShardedCorpus
+from edje.serving.shards import ShardedCorpus, call_with_retry
 from edje.serving.thumbnails import Thumbnails, add_thumbnail_route
 
 log = logging.getLogger("ray.serve")
@@ -73,7 +83,10 @@ class ErrorBody(BaseModel):
 
 
 ERRORS = {401: {"model": ErrorBody, "description": "missing or wrong bearer token (when the server has one)"},
-          503: {"model": ErrorBody, "description": "a downstream replica is being replaced: retry"}}
+          503: {"model": ErrorBody, "description": "overloaded, or a downstream replica is being replaced: retry after "
+                                                   "the Retry-After header's seconds"}}
+TOO_LONG = {413: {"model": ErrorBody, "description": "with truncate: false, a text longer than the joint encoder reads "
+                                                     "(max_text_tokens wordpieces), named with the limit"}}
 NOT_FOUND = {404: {"model": ErrorBody, "description": "unknown image ids, named in the message"}}
 IMAGE_ERRORS = {413: {"model": ErrorBody, "description": "an image larger than max_image_bytes or max_image_pixels"},
                 422: {"description": "invalid request, or an image that cannot be fetched or decoded (named)"}}
@@ -113,6 +126,9 @@ def _message(e: dict) -> str:
         ctx = e.get("ctx") or {}
         return f"malformed JSON body at position {e['loc'][-1]}: {ctx.get('error', e.get('msg'))}"
     where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+    if e.get("type") == "extra_forbidden":
+        return (f"unknown field '{where}': not part of this API (the fields each route takes, and those it accepts "
+                "and ignores, are in /openapi.json)")
     blank = e.get("type") == "string_pattern_mismatch" and (e.get("ctx") or {}).get("pattern") == r"\S"
     msg = "must not be empty or blank" if blank else e.get("msg")
     return f"{where}: {msg}" if where else str(msg)
@@ -160,12 +176,40 @@ def _ranked(scores, top_n: Optional[int], raw: bool, ranking: RankingConfig):
     return list(zip(order, shown))
 
 
+@dataclass(frozen=True)
+class TextLimit:
+    """What the joint encoder reads of a text: its first `max_tokens` wordpieces by the checkpoint's own tokenizer
+    (model/joint_encoder.py truncates there; the image tokens come after)."""
+
+    tokenizer: Any
+    max_tokens: int
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str, meta: dict) -> "TextLimit":
+        """The checkpoint's tokenizer (its `tokenizer/` folder, fetched when remote) and max_text_tokens."""
+        import fsspec
+        from transformers import AutoTokenizer
+
+        from edje.model.edje import _local_tokenizer  # the folder load_checkpoint reads, without the weights
+
+        fs, root = fsspec.core.url_to_fs(checkpoint)
+        return cls(AutoTokenizer.from_pretrained(_local_tokenizer(fs, root)), meta["config"]["encoder"]["max_text_tokens"])
+
+    def count(self, texts: Sequence[str]) -> List[int]:
+        """Wordpieces of each text, special tokens excluded."""
+        if not texts:
+            return []
+        ids = self.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+        return [len(x) for x in ids]
+
+
 @serve.deployment
 @serve.ingress()
 class Ingress:
     """Validates requests, applies auth, fans out to the reranker, first stage and miner."""
 
     metrics: Optional[IngressMetrics] = None  # None where the class is used without Serve (tests): nothing recorded
+    text_limit: Optional[TextLimit] = None  # None without a checkpoint (or a stand-in ingress): texts are not measured
 
     def __init__(self, config: ServeConfig, auth_token: Optional[str], rerankers=(), first_stages=(), miner=None):
         self.config, self.auth_token = config, auth_token
@@ -180,6 +224,7 @@ class Ingress:
             self.checkpoint_meta = read_checkpoint_config(config.checkpoint)
             # The checkpoint's ranking rule, the same one jobs/evaluate.py reports (model/ranking.py).
             self.ranking = RankingConfig(**self.checkpoint_meta.get(RANKING_KEY, {}))
+            self.text_limit = TextLimit.of_checkpoint(config.checkpoint, self.checkpoint_meta)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """The FastAPI app of this configuration (Serve calls it once per replica, after __init__)."""
@@ -220,17 +265,64 @@ class Ingress:
         return ids, images, sources
 
     async def call(self, method, *args, **kwargs):
-        """Await a deployment call; a dead or overloaded replica becomes 503, not a crash of this one."""
+        """Await an idempotent deployment call, made once more on another replica when its replica is lost mid-call;
+        a failure then, or an overloaded deployment, becomes 503 with Retry-After, not a crash of this replica."""
+        try:
+            return await call_with_retry(method, *args, **kwargs)
+        except HTTPException:
+            raise
+        except Exception as e:
+            raise self.downstream_error(method, e) from None
+
+    async def call_once(self, method, *args, **kwargs):
+        """Await a deployment call that must not run twice (adding an image): a failure is 503, never retried here."""
         try:
             return await method.remote(*args, **kwargs)
         except HTTPException:
             raise
         except Exception as e:
-            kind = type(e).__name__
-            status = 503 if any(w in kind for w in ("ActorDied", "ActorUnavailable", "BackPressure", "Unavailable",
-                                                    "RayActorError", "Timeout")) else 500
-            log.warning("downstream call %s failed: %s: %s", getattr(method, "_method_name", method), kind, e)
-            raise HTTPException(status, f"{'temporarily unavailable, retry' if status == 503 else 'internal error'}: {kind}") from None
+            raise self.downstream_error(method, e) from None
+
+    def downstream_error(self, method, e: Exception) -> HTTPException:
+        """503 (with Retry-After) for a lost, unavailable or overloaded replica; 500 for anything else."""
+        kind = type(e).__name__
+        status = 503 if any(w in kind for w in ("ActorDied", "ActorUnavailable", "BackPressure", "Unavailable",
+                                                "RayActorError", "Timeout", "WorkerCrashed", "NodeDied")) else 500
+        log.warning("downstream call %s failed: %s: %s", getattr(method, "_method_name", method), kind, e)
+        if status == 503:
+            return HTTPException(503, f"temporarily unavailable, retry: {kind}",
+                                 headers={"Retry-After": str(math.ceil(self.config.retry_after_s))})
+        return HTTPException(500, f"internal error: {kind}")
+
+    def measure(self, texts: Sequence[str], truncate: bool, name) -> Tuple[List[int], List[int]]:
+        """Wordpieces of each text and the positions of those longer than the joint encoder reads; with truncate
+        false, 413 naming the first of those (`name(i)`) and the limit."""
+        if self.text_limit is None:  # a stand-in ingress without a checkpoint: whitespace words approximate
+            return [len(t.split()) for t in texts], []
+        counts, cap = self.text_limit.count(texts), self.text_limit.max_tokens
+        long = [i for i, n in enumerate(counts) if n > cap]
+        if long and not truncate:
+            i = long[0]
+            raise HTTPException(413, f"{name(i)}: {counts[i]} wordpieces, more than the {cap} the model reads "
+                                     f"(max_text_tokens); shorten it, or send truncate: true to have it cut to its first {cap}")
+        return counts, long
+
+    def query_cut(self, counts: List[int], long: List[int]) -> Tuple[Optional[Truncation], Optional[List[str]]]:
+        """meta.truncated and meta.warnings for a query that was cut (None, None when it was not)."""
+        if not long:
+            return None, None
+        cap = self.text_limit.max_tokens
+        return (Truncation(kept=cap, query_tokens=counts[0]),
+                [f"query truncated: the model read the first {cap} of its {counts[0]} wordpieces (max_text_tokens)"])
+
+    def texts_cut(self, counts: List[int], long: List[int]) -> Optional[ResponseMeta]:
+        """The meta of a text rerank whose candidate texts were cut (None when none was)."""
+        if not long:
+            return None
+        cap = self.text_limit.max_tokens
+        return ResponseMeta(truncated=Truncation(kept=cap, texts=[TruncatedText(index=i, tokens=counts[i]) for i in long]),
+                            warnings=[f"{len(long)} texts truncated to their first {cap} wordpieces (max_text_tokens): "
+                                      f"texts {long[:20]}"])
 
     async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False,
                     images: Optional[Dict[int, bytes]] = None, query_embedding: Optional[np.ndarray] = None):
@@ -256,11 +348,12 @@ class Ingress:
         response.headers[BATCH_HEADER] = str(scores.batch_pairs)
         return scores
 
-    def usage(self, texts: List[str]) -> Usage:
-        """(caption wordpieces + 3 special tokens + m image tokens) per pair; whitespace words approximate wordpieces."""
+    def usage(self, wordpieces: Sequence[int]) -> Usage:
+        """(text wordpieces, at most max_text_tokens, + 3 special tokens + m image tokens) summed over the pairs;
+        `wordpieces` has one entry per pair (Ingress.measure)."""
         m = self.checkpoint_meta["config"]["encoder"]["num_image_tokens"]
         cap = self.checkpoint_meta["config"]["encoder"]["max_text_tokens"]
-        return Usage(total_tokens=sum(min(len(t.split()), cap) + 3 + m for t in texts))
+        return Usage(total_tokens=sum(min(n, cap) + 3 + m for n in wordpieces))
 
 
 def build_api(ing: Ingress) -> FastAPI:
@@ -284,54 +377,66 @@ def build_api(ing: Ingress) -> FastAPI:
         RerankRequest, TextRerankRequest, SearchRequest = models.rerank, models.text_rerank, models.search
 
         @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True, dependencies=secured,
-                  responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS},
+                  responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS, **TOO_LONG},
                   summary="Rank image documents (corpus ids, or images by url or base64) for a query (Jina /v1/rerank shape)")
         async def rerank(req: RerankRequest, response: Response):
+            counts, long = ing.measure([req.query], req.truncate, lambda i: "query")
             ids, images, sources = await ing.documents(req.refs())
             scores = await ing.score(response, [req.query] * len(ids), ids, with_urls=req.return_documents, images=images)
             results = [RerankResult(index=i, relevance_score=s,
                                     document=Document(text=ids[i], url=sources[i] or scores.urls[i])
                                     if req.return_documents else None)
                        for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
-            return RerankResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)))
+            truncated, warnings = ing.query_cut(counts, long)
+            return RerankResponse(model=req.model or name, results=results, usage=ing.usage(counts * len(ids)),
+                                  meta=ResponseMeta(truncated=truncated, warnings=warnings) if truncated else None)
 
-        @app.post("/v2/rerank", response_model=CohereRerankResponse, responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS},
+        @app.post("/v2/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
+                  responses={**ERRORS, **NOT_FOUND, **IMAGE_ERRORS, **TOO_LONG},
                   dependencies=secured, summary="Rank image documents for a query (Cohere /v2/rerank shape)")
         async def rerank_cohere(req: RerankRequest, response: Response, request: Request):
+            counts, long = ing.measure([req.query], req.truncate, lambda i: "query")
             ids, images, _ = await ing.documents(req.refs())
             scores = await ing.score(response, [req.query] * len(ids), ids, images=images)
             results = [CohereResult(index=i, relevance_score=s)
                        for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
-            return CohereRerankResponse(id=request_id(request), results=results)
+            truncated, warnings = ing.query_cut(counts, long)
+            return CohereRerankResponse(id=request_id(request), results=results,
+                                        meta=CohereMeta(truncated=truncated, warnings=warnings))
 
         @app.post("/v1/rerank/texts", response_model=RerankResponse, response_model_exclude_none=True,
-                  dependencies=secured, responses={**ERRORS, **NOT_FOUND},
+                  dependencies=secured, responses={**ERRORS, **NOT_FOUND, **TOO_LONG},
                   summary="Rank candidate texts for one image (image-to-text)")
         async def rerank_texts(req: TextRerankRequest, response: Response):
+            counts, long = ing.measure(req.texts, req.truncate, lambda i: f"texts.{i}")
             scores = await ing.score(response, list(req.texts), [req.image] * len(req.texts))
             results = [RerankResult(index=i, relevance_score=s,
                                     document=Document(text=req.texts[i]) if req.return_documents else None)
                        for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]
-            return RerankResponse(model=req.model or name, results=results, usage=ing.usage(req.texts))
+            return RerankResponse(model=req.model or name, results=results, usage=ing.usage(counts),
+                                  meta=ing.texts_cut(counts, long))
 
         @app.post("/v1/search", response_model=SearchResponse, response_model_exclude_none=True,
-                  responses={**ERRORS, **NOT_FOUND}, dependencies=secured,
+                  responses={**ERRORS, **NOT_FOUND, **TOO_LONG}, dependencies=secured,
                   summary="Search by text, by a corpus image and a text that modifies it, or by an image alone: "
                           "first stage top_k, reranked against the text by the joint encoder, best top_n")
         async def search(req: SearchRequest, response: Response):
+            counts, long = ing.measure([req.query] if req.query is not None else [], req.truncate, lambda i: "query")
+            truncated, warnings = ing.query_cut(counts, long)
+            meta = ResponseMeta(truncated=truncated, warnings=warnings) if truncated else None
             expected = asyncio.ensure_future(caption_image(ing.miner, req.query))  # beside the search, never fails it
-            query_embedding = None
             if req.image is None:
-                hits = await ing.corpus.search(ing.call, req.query, req.top_k)
+                # The text is embedded once (one first-stage replica); the fused rule reuses that vector below.
+                found = await ing.corpus.search_text(ing.call, req.query, req.top_k)
             else:
                 found = await ing.corpus.search_image(ing.call, req.image, req.query, req.image_weight, req.top_k)
                 if found.missing:
                     raise HTTPException(404, f"unknown image ids: {found.missing}")
-                hits, query_embedding = found.hits, found.query_embedding
+            hits, query_embedding = found.hits, found.query_embedding
             extra = dict(first_stage=[] if req.return_first_stage else None)
             if not hits:
                 return SearchResponse(model=req.model or name, results=[], usage=Usage(total_tokens=0),
-                                      reranked=req.query is not None, expected_image_id=await expected, **extra)
+                                      reranked=req.query is not None, expected_image_id=await expected, meta=meta, **extra)
             ids = [h[0] for h in hits]
             rank = first_stage_ranks(hits)
             if req.query is None:
@@ -353,8 +458,8 @@ def build_api(ing: Ingress) -> FastAPI:
                        for i, s in _ranked(scores.logits, req.top_n or req.top_k, req.raw_scores, ranking)]
             if req.return_first_stage:
                 extra["first_stage"] = first_stage_list(hits, scores.urls)
-            return SearchResponse(model=req.model or name, results=results, usage=ing.usage([req.query] * len(ids)),
-                                  expected_image_id=await expected, **extra)
+            return SearchResponse(model=req.model or name, results=results, usage=ing.usage(counts * len(ids)),
+                                  expected_image_id=await expected, meta=meta, **extra)
 
     if ing.corpus is not None and (cfg.ui or cfg.image_dir or cfg.image_url_prefix):
         async def stored_url(image_id: str) -> Optional[str]:
@@ -375,7 +480,7 @@ def build_api(ing: Ingress) -> FastAPI:
             kind, value = ("url", req.url) if req.url is not None else ("base64", req.image)
             data, source = await ing.image(kind, value, "url" if kind == "url" else "image")
             image_id = req.id or default_image_id(data)  # chosen here: the id decides the shard
-            out = await ing.corpus.add_image(ing.call, data, image_id, source or None)
+            out = await ing.corpus.add_image(ing.call_once, data, image_id, source or None)  # an add must not run twice
             if out.status != 200:
                 raise HTTPException(out.status, out.detail)
             if ing.corpus.first_stages:  # index it now rather than at the next search

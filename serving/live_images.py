@@ -1,27 +1,26 @@
 """Live images: bytes -> frozen backbone + the checkpoint's adapter + the tables' codec -> rows of the served corpus.
 
-Persistence and consistency go through one append log that every replica applies:
+Persistence and consistency go through one append log that every replica applies (serving/live_log.py):
 
-- ``<live_dir>/tables/<seq>-<sha>.parquet``: one compressed token table per added image, with the
-  served tables' own metadata (so the store and the first stage read it with their usual checks).
-- ``<live_dir>/LOG``: one line per committed table, appended under an exclusive ``flock``. The
-  replica that adds an image holds the lock while it checks the id against the whole log, writes
-  the table (temp file + rename) and appends the line, so duplicate ids are refused across replicas.
-- ``<live_dir>/sources/<sha256 of the id>``: the image's own bytes, written before its line
+- ``<live_dir>/LOG``: one record per added image (its token row as an Arrow record batch, with a sequence
+  number and a checksum), appended under an exclusive ``flock`` and fsync'd before the add answers. The
+  replica that adds an image holds the lock while it reads every record it has not applied yet, checks the
+  id against the corpus (409 when taken) and appends, so duplicate ids are refused across replicas.
+- ``<live_dir>/parts/*.parquet`` + ``MANIFEST``: LOG compacted into token tables of bounded size (the served
+  tables' schema and metadata) by the replica whose add filled it, in a thread, crash-safe at every step.
+- ``<live_dir>/sources/<sha256 of the id>``: the image's own bytes, written before its record
   (serving/live_sources.py), so that it has a thumbnail whatever its url does later.
 
-Each reranker and first-stage replica applies the log at start (all of it) and before every
-request (one ``stat`` of LOG: its size grows with every line; new lines -> read those tables). An
-add answers only after its line is appended, so every later request to any replica sees the image;
-a restarted or replacement replica loads the whole log: nothing is lost. The live folder must be a
-POSIX filesystem that all replicas share (local disk on one node, NFS/EFS on a cluster).
+Each reranker and first-stage replica applies the log at start (parts, then records) and before every
+request (two ``stat`` calls: LOG grows with every add, MANIFEST changes with every compaction). An add
+answers only after its record is on disk, so every later request to any replica sees the image; a
+restarted or replacement replica loads the whole log: nothing is lost. The live folder must be a POSIX
+filesystem that all replicas share (local disk on one node, NFS/EFS on a cluster).
 """
 from __future__ import annotations
 
 import collections
-import fcntl
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -32,13 +31,15 @@ import torch
 from edje.model.image_decode import DECOMPRESSION_BOMB, ImageRejected, decode_image
 from edje.model.token_encoder import EncodedImages
 from edje.model.token_store import TokenBlobs
-from edje.schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix, write_token_table
+import pyarrow as pa
+
+from edje.schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix
+from edje.serving.live_log import LOG_NAME, LiveLog, LiveLogConfig
 from edje.serving.live_sources import content_hash, default_image_id, keep_source
 
 log = logging.getLogger("ray.serve")
 
-LOG_NAME = "LOG"
-TABLES_DIR = "tables"
+__all__ = ["LOG_NAME", "LiveLog", "LiveLogConfig", "LiveImages", "AddResult", "RejectedImage", "ImageEncoder"]
 
 
 class RejectedImage(ValueError):
@@ -84,60 +85,6 @@ def decode_all(datas: Sequence[bytes], preprocess, max_pixels: int) -> np.ndarra
         except ImageRejected as e:
             raise RejectedImage(i, e.reason, e.detail) from None
     return np.stack(out)
-
-
-class LiveLog:
-    """The shared append log of added images (see the module docstring)."""
-
-    def __init__(self, live_dir: str):
-        self.dir = os.path.abspath(live_dir)
-        self.tables_dir = os.path.join(self.dir, TABLES_DIR)
-        os.makedirs(self.tables_dir, exist_ok=True)
-        self.path = os.path.join(self.dir, LOG_NAME)
-        open(self.path, "a").close()
-
-    def size(self) -> int:
-        """Bytes in LOG (grows with every committed image)."""
-        return os.stat(self.path).st_size
-
-    def read(self, offset: int = 0) -> Tuple[List[str], int]:
-        """Table paths committed after byte `offset`, and the new offset (whole lines only)."""
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a line being appended right now is taken next time
-        names = [x for x in data[:end].decode().split("\n") if x]
-        return [os.path.join(self.tables_dir, n.split("\t")[0]) for n in names], offset + end
-
-    def commit(self, table, name: str) -> str:
-        """Write a table under its final name (temp + rename) and append its line; call under `locked()`."""
-        final = os.path.join(self.tables_dir, name)
-        tmp = final + ".tmp"
-        write_token_table(table, tmp)
-        os.replace(tmp, final)
-        with open(self.path, "a") as f:
-            f.write(f"{name}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        return final
-
-    def locked(self):
-        """An exclusive lock over the log across processes (flock on LOG)."""
-        return _FileLock(self.path)
-
-
-class _FileLock:
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self):
-        self.f = open(self.path, "a")
-        fcntl.flock(self.f.fileno(), fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
-        self.f.close()
 
 
 class EncodedCache:

@@ -1,16 +1,21 @@
 """A corpus split into shards by a hash of the image id, and the fan-out over the shards' deployments.
 
 Each shard is a FirstStage and a Reranker deployment that hold only the rows whose id hashes to it (token tables,
-embeddings, live images). A search asks every shard's first stage and merges the top k by score; pairs are
-scored by the reranker of the shard that owns the image, so tokens never leave their shard. Serve's deployment
-handles do the routing and load balancing inside a shard; this module only says which shard owns an id and
-puts the shards' answers back in request order. With one shard every call goes to the one deployment as is.
+embeddings, live images). A text search embeds the query once, on one shard's first stage (the shards take turns),
+which searches its rows with it; every other shard searches with that vector, and the top k are merged by score.
+Pairs are scored by the reranker of the shard that owns the image, so tokens never leave their shard. Serve's
+deployment handles do the routing and load balancing inside a shard (its `replicas_per_shard` replicas); this
+module says which shard owns an id, puts the shards' answers back in request order, and calls a deployment once
+more when its replica was lost mid-call (`call_with_retry`: Serve's router drops the dead replica, so the second
+call goes to another). With one shard every call goes to the one deployment as is. `ShardedRerankers` is the
+shards' rerankers as one handle, for the miner's rescoring.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import heapq
+import logging
 from collections import defaultdict
 from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -19,6 +24,29 @@ import numpy as np
 from edje.model.shards import shard_of
 
 Call = Callable[..., Awaitable]
+log = logging.getLogger("ray.serve")
+
+
+def replica_lost(error: BaseException) -> bool:
+    """Whether a deployment call failed because the replica that had it died or became unreachable (another
+    replica of the deployment can answer it), rather than because of the request."""
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    lost = (RayActorError, WorkerCrashedError, NodeDiedError, ReplicaUnavailableError)  # ActorDiedError is a RayActorError
+    return isinstance(error, lost) or isinstance(getattr(error, "cause", None), lost)
+
+
+async def call_with_retry(method, *args, **kwargs):
+    """`await method.remote(...)`, and once more when its replica was lost mid-call: the first failure makes Serve's
+    router drop that replica, so the second call goes to another one of the deployment (calls must be idempotent)."""
+    try:
+        return await method.remote(*args, **kwargs)
+    except Exception as e:
+        if not replica_lost(e):
+            raise
+        log.warning("replica lost during %s (%s); calling again", getattr(method, "_method_name", method), type(e).__name__)
+        return await method.remote(*args, **kwargs)
 
 
 def merge_hits(per_shard: Sequence[Sequence[Tuple[str, float]]], k: int) -> List[Tuple[str, float]]:
@@ -35,6 +63,12 @@ class ShardedCorpus:
         self.num_shards = len(self.rerankers)
         if self.first_stages and len(self.first_stages) != self.num_shards:
             raise ValueError(f"{self.num_shards} reranker shards but {len(self.first_stages)} first-stage shards")
+        self._next = 0  # the shard whose text tower embeds the next query (they take turns)
+
+    def _turn(self) -> int:
+        """The next shard in turn (spreads the text tower's work over the shards)."""
+        self._next = (self._next + 1) % self.num_shards
+        return self._next
 
     def owner(self, image_id: str) -> int:
         """Shard of an image id."""
@@ -49,10 +83,23 @@ class ShardedCorpus:
     # ----- first stage -----
     async def search(self, call: Call, query: str, k: int) -> List[Tuple[str, float]]:
         """Top-k (id, cosine) of a text over every shard."""
+        return (await self.search_text(call, query, k)).hits
+
+    async def search_text(self, call: Call, query: str, k: int):
+        """Top-k of a text over every shard and its embedding (an ImageQueryHits), the text embedded once: one shard
+        in turn embeds it and searches its rows, every other shard searches with that vector."""
+        s = self._turn()
+        found = await call(self.first_stages[s].search_text, query, k)
         if self.num_shards == 1:
-            return await call(self.first_stages[0].search, query, k)
-        got = await asyncio.gather(*(call(fs.search, query, k) for fs in self.first_stages))
-        return merge_hits(got, k)
+            return found
+        others = [i for i in range(self.num_shards) if i != s]
+        got = await asyncio.gather(*(call(self.first_stages[i].search_vector, found.query_embedding, k) for i in others))
+        per_shard: List[List[Tuple[str, float]]] = [[] for _ in range(self.num_shards)]
+        per_shard[s] = found.hits
+        for i, hits in zip(others, got):
+            per_shard[i] = hits
+        found.hits = merge_hits(per_shard, k)  # in shard order, whichever shard embedded: ties break alike
+        return found
 
     async def search_image(self, call: Call, image_id: str, query: Optional[str], image_weight: float, k: int):
         """An image (+ text) query: the owner builds the query vector; every other shard searches with it."""
@@ -66,8 +113,8 @@ class ShardedCorpus:
         return found
 
     async def embed(self, call: Call, texts: List[str]) -> np.ndarray:
-        """Text embeddings (every shard's text tower is the same; shard 0 answers)."""
-        return await call(self.first_stages[0].embed, texts)
+        """Text embeddings (every shard's text tower is the same; the shards take turns)."""
+        return await call(self.first_stages[self._turn()].embed, texts)
 
     async def sync_live(self, call: Call, image_id: str) -> None:
         """Index an added image now on the first stage of its shard."""
@@ -137,3 +184,28 @@ class ShardedCorpus:
                 out[kind if self.num_shards == 1 else f"{kind}-{s}"] = h.ready
         return out
 
+
+
+class _Remote:
+    """`x.remote(*args)` over a coroutine function: how the miner calls its reranker's methods."""
+
+    def __init__(self, fn: Callable[..., Awaitable]):
+        self.fn = fn
+
+    def remote(self, *args, **kwargs) -> Awaitable:
+        """The coroutine, to be awaited like a deployment response."""
+        return self.fn(*args, **kwargs)
+
+
+class ShardedRerankers:
+    """The shards' Reranker handles as one reranker for the miner: `score_pairs.remote(texts, image_ids)` scores each
+    pair on the shard that owns its image (Serve turns the bound deployments held here into handles)."""
+
+    def __init__(self, rerankers: Sequence):
+        self.rerankers = list(rerankers)
+
+    @property
+    def score_pairs(self) -> _Remote:
+        """score_pairs over the shards (ShardedCorpus.score_pairs), each call retried once on a lost replica."""
+        corpus = ShardedCorpus(self.rerankers, [])
+        return _Remote(lambda texts, image_ids: corpus.score_pairs(call_with_retry, texts, image_ids))

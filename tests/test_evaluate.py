@@ -283,3 +283,68 @@ def test_the_tables_command_encodes_with_the_shipped_weights_unless_told_otherwi
     assert _weights("edje-tiny-convvit", "w.safetensors") == "w.safetensors"
     with pytest.raises(SystemExit, match="ships no weights"):
         _weights("ViT-B-32", None)
+
+
+def _reference(tmp_path: Path, world: Path, seen_families, name: str) -> Path:
+    """A copy of `world` whose images of `seen_families` form its train split (the meanings a model saw)."""
+    data = json.loads((world / "world.json").read_text())
+    for r in data["images"]:
+        r["split"] = "train" if r["family_id"] in seen_families else "val"
+    out = tmp_path / name
+    out.mkdir()
+    (out / "world.json").write_text(json.dumps(data))
+    return out
+
+
+def test_novel_against_splits_every_figure_by_the_answer_images_meaning(tiny_world, tiny_ckpt, tmp_path):
+    root, _, raw = tiny_world
+    ckpt, _ = tiny_ckpt
+    world = root / "world"
+    families = sorted({r["family_id"] for r in json.loads((world / "world.json").read_text())["images"]})
+    half = set(families[::2])  # 4 of the 8 families: 16 images seen, 16 novel
+    base = ["--annotations", str(world / "flickr30k_test.json"), "--tokens", str(raw), "--checkpoint", str(ckpt),
+            "--k", "10", "--max-queries-per-image", "1"]
+    runs = {}
+    for name, seen in (("none", set()), ("a", half), ("b", set(families) - half)):
+        _run(base + ["--novel-against", str(_reference(tmp_path, world, seen, f"ref_{name}")),
+                     "--output", str(tmp_path / name)])
+        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    overall = runs["none"]
+    # Nothing seen: the novel figures are the overall ones, query for query.
+    for d in ("t2i", "i2t"):
+        assert runs["none"]["novel"][d] == {"queries": 32, **overall[d]}
+    assert runs["none"]["novel"]["repeated_images"] == 0
+    # Two complementary references split the queries in two: their hits add up to the overall hits.
+    for name in ("a", "b"):
+        novel = runs[name]["novel"]
+        assert (novel["images"], novel["novel_images"], novel["repeated_images"], novel["repeated_pct"]) == (32, 16, 16, 50.0)
+        assert novel["t2i"]["queries"] == novel["i2t"]["queries"] == 16
+        assert runs[name]["t2i"] == overall["t2i"]  # the overall figures do not move
+    for d in ("t2i", "i2t"):
+        for stage in ("first_stage", "reranked"):
+            for r in ("r1", "r5", "r10"):
+                split = sum(runs[n]["novel"][d][stage][r] * 16 for n in ("a", "b"))
+                assert split == pytest.approx(overall[d][stage][r] * 32, abs=0.05)
+            fam = [runs[n]["novel"][d]["within_family"][stage] for n in ("a", "b")]
+            whole = overall[d]["within_family"][stage]
+            assert fam[0]["queries"] + fam[1]["queries"] == whole["queries"]
+            hits = sum(f["accuracy"] * f["queries"] for f in fam if f["queries"])
+            assert hits == pytest.approx(whole["accuracy"] * whole["queries"], abs=0.05)
+            pairs = [runs[n]["novel"][d]["within_family"]["by_kind"][stage] for n in ("a", "b")]
+            for kind, v in whole["by_kind"][stage].items():
+                assert sum(p.get(kind, {}).get("pairs", 0) for p in pairs) == v["pairs"]
+    md = (tmp_path / "a" / "metrics.md").read_text()
+    assert "Novel meanings: 16 of 32 images" in md and "16 (50.0 %) repeat one exactly" in md
+    assert "| text→image | reranked |" in md.split("Novel meanings")[1]
+
+
+def test_novel_against_needs_the_world_beside_the_annotations(tiny_world, tiny_ckpt, tmp_path):
+    root, _, raw = tiny_world
+    ann = tmp_path / "flickr30k_test.json"  # the annotations without their world.json
+    ann.write_text((root / "world" / "flickr30k_test.json").read_text())
+    with pytest.raises(ValueError, match="world.json"):
+        _run(["--annotations", str(ann), "--tokens", str(raw), "--checkpoint", str(tiny_ckpt[0]),
+              "--novel-against", "100", "--output", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        _run(["--annotations", str(ann), "--tokens", str(raw), "--checkpoint", str(tiny_ckpt[0]),
+              "--novel-against", str(tmp_path / "no-such-world"), "--output", str(tmp_path / "x")])

@@ -146,3 +146,94 @@ def test_serve_flags_choose_shards_and_index(tmp_path):
                                    "--live-dir", "x"])).for_shard(0).live_dir == "x"  # one shard: the folder as given
     with pytest.raises(ValueError, match="shards"):
         cfg.replace(shard=3)
+
+
+# ------------------------------------------------------------------------------------------ in-process fan-out
+class _Handle:
+    """A deployment stand-in over a plain core (FirstStage, RerankerCore): `h.method.remote(*args)` calls the core's
+    method in-process and records its name."""
+
+    def __init__(self, core):
+        self.core, self.calls = core, []
+
+    def __getattr__(self, name):
+        method, calls = getattr(self.core, name), self.calls
+
+        class _Method:
+            async def remote(self, *args):
+                calls.append(name)
+                return method(*args)
+
+        return _Method()
+
+
+class _Scorer:
+    """The Reranker deployment's score_pairs over a RerankerCore, without Serve (prepare, one forward, finish)."""
+
+    def __init__(self, core):
+        self.core = core
+
+    def score_pairs(self, texts, image_ids, with_urls=False, text_embeddings=None, images=None):
+        prepared = self.core.prepare(texts, image_ids, with_urls, images)
+        if not hasattr(prepared, "chunks"):  # a Scores naming unknown ids
+            return prepared
+        logits = np.concatenate(self.core.forward(prepared.chunks))
+        return self.core.finish(prepared, logits, len(texts), text_embeddings)
+
+
+@pytest.fixture(scope="module")
+def random_corpus(tmp_path_factory, tiny_edje_config):
+    from edje.serving.random_corpus import write_random_corpus
+
+    return write_random_corpus(str(tmp_path_factory.mktemp("shards")), tiny_edje_config, num_images=40)
+
+
+def test_a_sharded_text_search_embeds_its_query_once_and_answers_as_one_shard(random_corpus):
+    import asyncio
+
+    from edje.serving.first_stage import FirstStage
+    from edje.serving.shards import ShardedCorpus, call_with_retry
+
+    tables = random_corpus.compressed_tables
+    whole = FirstStage(tables)
+    handles = [_Handle(FirstStage(tables, shard=s, num_shards=2)) for s in range(2)]
+    corpus = ShardedCorpus([object(), object()], handles)
+    for n, query in enumerate(random_corpus.captions[:4]):
+        found = asyncio.run(corpus.search_text(call_with_retry, query, 10))
+        expected = whole.search_text(query, 10)
+        assert [h[0] for h in found.hits] == [h[0] for h in expected.hits], query
+        np.testing.assert_allclose([h[1] for h in found.hits], [h[1] for h in expected.hits], atol=1e-5)
+        np.testing.assert_allclose(found.query_embedding, expected.query_embedding, atol=1e-6)
+        calls = [c for h in handles for c in h.calls]
+        # One shard embedded the text and searched its rows; the other searched with that vector.
+        assert calls.count("search_text") == n + 1 and calls.count("search_vector") == n + 1, calls
+    assert [h.calls.count("search_text") for h in handles] == [2, 2]  # the shards take turns embedding
+
+
+def test_the_miner_rescores_each_pair_on_the_shard_that_owns_its_image(random_corpus):
+    import asyncio
+
+    from edje.serving.config import DeploymentResources, ServeConfig
+    from edje.serving.miner import Miner
+    from edje.serving.reranker_core import RerankerCore
+    from edje.serving.shards import ShardedRerankers
+
+    c = random_corpus
+    cfg = ServeConfig(checkpoint=c.checkpoint, token_tables=tuple(c.compressed_tables), auth_token_env=None,
+                      reranker=DeploymentResources(num_cpus=1))
+    whole = _Handle(_Scorer(RerankerCore(cfg)))
+    shards = [_Handle(_Scorer(RerankerCore(cfg.replace(shards=2).for_shard(s)))) for s in range(2)]
+    assert all(0 < len(h.core.core.store) < 40 for h in shards)  # each shard holds only its rows
+
+    def mine(reranker):
+        miner = Miner(c.compressed_tables, (c.raw_table,), reranker=reranker)
+        return asyncio.run(miner.negatives(c.image_ids[:3], c.captions[:3], k=3, rescore=True, pool=8))
+
+    got, expected = mine(ShardedRerankers(shards)), mine(whole)
+    assert "negatives" in got, got  # every candidate was found: each went to the shard that holds it
+    for a, b in zip(got["negatives"], expected["negatives"]):
+        assert [n["image_id"] for n in a["negative_images"]] == [n["image_id"] for n in b["negative_images"]]
+        np.testing.assert_allclose([n["itm_logit"] for n in a["negative_images"]],
+                                   [n["itm_logit"] for n in b["negative_images"]], atol=1e-4)
+        assert [n["caption"] for n in a["negative_captions"]] == [n["caption"] for n in b["negative_captions"]]
+    assert [h.calls for h in shards] == [["score_pairs"], ["score_pairs"]]  # one call per shard for the whole batch
