@@ -1,15 +1,23 @@
-"""Serving load on one shard against three, and the same with replicas killed mid-run.
+"""Serving load on one shard against three; replicas killed under load; overload refused with 503.
 
-    .venv/bin/python benchmarks/bench_shards.py --images 600 --seconds 30 --concurrency 32 --json runs/bench_shards.json
+    .venv/bin/python benchmarks/bench_shards.py --phases kill overload --images 600 --seconds 30 \
+        --workdir runs/shards --json runs/bench_shards.json
+    .venv/bin/python benchmarks/bench_shards.py --phases compare --concurrency 32    # one shard against three
 
-One local Ray, one Serve instance on loopback, two applications over the same sample-world corpus (encoded by the
-shipped reranker, int8): `one` (shards=1) and `three` (shards=3). Each phase sends `POST /v1/search` (top 10,
-reranked) from `concurrency` clients for `seconds`, the applications taking turns (one, three, one, three), and
-prints p50/p99 latency, requests/s and errors, and the resident memory of every replica (VmRSS from /proc, found
-through Ray's state API). The kill phase runs on `three`: a third of the way in, one Reranker and one FirstStage
-replica are killed (`ray.kill`, as a lost node would); it prints the failed requests, the longest time after
-the kill without any answer (requests wait while Serve replaces the replica), and checks that an image added
-through /v1/images before the kill is still served after it.
+One local Ray, one Serve instance on loopback, applications over a sample-world corpus encoded by the shipped
+reranker (int8). Every phase sends `POST /v1/search` (top 10, reranked).
+- compare: `one` (shards=1) and `three` (shards=3), `concurrency` closed-loop clients for `seconds`, taking turns
+  (one, three, one, three): p50/p99 latency, requests/s, errors, and the resident memory of every replica.
+- kill: `--shards` shards with `--replicas-per-shard` replicas each (default 2 and 2), steady closed-loop load; a
+  third of the way in one Reranker and one FirstStage replica (of different shards) are killed (`ray.kill`, as a
+  lost node would). Prints the failed requests (%), the longest time without any answer (from 1 s before the kill
+  on), and checks that an image added through /v1/images before the kill is still served after it.
+  Goals: <= 0.5 % failed, no stretch longer than 2 s.
+- overload: one shard, one replica of each deployment, the ingress admitting `--admit-ongoing` requests at once and
+  `--admit-queued` more in Serve's proxy. Measures the unloaded latency (one client), the rate the replica sustains
+  (`--admit-ongoing` closed-loop clients), then sends an open-loop stream at `--overload-factor` (4) times that rate
+  and prints the share of 503s, their latency and Retry-After, and the p99 of the admitted requests against the
+  unloaded p99. Goals: 503s within 100 ms, admitted p99 within 2x the unloaded p99.
 """
 from __future__ import annotations
 
@@ -121,47 +129,69 @@ def kill_replicas(app: str, deployments: List[str]) -> List[str]:
     return killed
 
 
-def main() -> int:
-    """Run the phases and print the table."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=int, default=600)
-    p.add_argument("--seed", type=int, default=8383)
-    p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=2, help="turns of each application (alternating)")
-    p.add_argument("--workdir")
-    p.add_argument("--json")
-    args = p.parse_args()
+def longest_gap(ok_times: List[float], since: float, until: float) -> float:
+    """The longest time between `since` and `until` without any answer (s)."""
+    marks = [since] + sorted(t for t in ok_times if since < t < until) + [until]
+    return float(max(np.diff(marks)))
 
+
+def percentile_ms(values: List[float], q: float) -> Optional[float]:
+    """The q-th percentile of latencies in seconds, as ms (None without any)."""
+    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
+
+
+async def open_loop(url: str, queries: List[str], rate: float, seconds: float) -> List[dict]:
+    """Requests sent at a fixed `rate` for `seconds` whatever the answers (arrivals do not wait for them): status,
+    latency, Retry-After of each."""
     import httpx
-    import ray
-    from ray import serve
 
-    from edje.jobs.quickstart import free_port
-    from edje.model.shards import shard_of
+    out: List[dict] = []
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        async def one(i: int):
+            start = time.perf_counter()
+            try:
+                r = await client.post(url, json={"query": queries[i % len(queries)], "top_k": 10})
+                status, retry = r.status_code, r.headers.get("retry-after")
+            except httpx.HTTPError as e:
+                status, retry = type(e).__name__, None
+            out.append({"status": status, "latency": time.perf_counter() - start, "retry_after": retry})
+
+        tasks, t0, n = [], time.perf_counter(), int(rate * seconds)
+        for i in range(n):
+            await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def base_config(table: str, workdir: Path, **changes):
+    """The ServeConfig the phases share: the shipped checkpoint, small CPU shares, one torch thread."""
     from edje.schemas.shipped import DEFAULT_RERANKER
-    from edje.serving.app import build
     from edje.serving.config import DeploymentResources, ServeConfig
 
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-shards-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    table, caps, ids, paths = build_corpus(workdir, args.images, args.seed)
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)  # logical CPUs: replicas share the cores
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = DeploymentResources(num_cpus=0.5)
-    common = dict(checkpoint=DEFAULT_RERANKER, token_tables=(table,), auth_token_env=None, torch_threads=1,
-                  reranker=DeploymentResources(num_cpus=0.5, max_ongoing_requests=256), first_stage=small,
-                  ingress=DeploymentResources(num_cpus=0.5, max_ongoing_requests=256))
-    apps = {"one": ServeConfig(**common, live_dir=str(workdir / "live-one")),
-            "three": ServeConfig(**common, shards=3, live_dir=str(workdir / "live-three"))}
+    return ServeConfig(checkpoint=DEFAULT_RERANKER, token_tables=(table,), auth_token_env=None, torch_threads=1,
+                       reranker=DeploymentResources(num_cpus=0.5, max_ongoing_requests=256), first_stage=small,
+                       **changes)
+
+
+def compare_phase(args, base: str, table: str, caps: List[str], workdir: Path) -> dict:
+    """One shard against three, taking turns; RSS per replica and token bytes per shard."""
+    import httpx
+    from ray import serve
+
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources
+
+    ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=256, max_queued_requests=-1)
+    apps = {"one": base_config(table, workdir, ingress=ingress, live_dir=str(workdir / "live-one")),
+            "three": base_config(table, workdir, ingress=ingress, shards=3, live_dir=str(workdir / "live-three"))}
     for name, cfg in apps.items():
         serve.run(build(cfg), name=name, route_prefix=f"/{name}")
-    base = f"http://127.0.0.1:{port}"
     for name in apps:  # warm every replica: the first requests load lazily built parts
         asyncio.run(load(f"{base}/{name}/v1/search", caps, 5, 8))
-    load_before = os.getloadavg()[0]
-    out = {"images": len(ids), "seconds": args.seconds, "concurrency": args.concurrency, "phases": []}
+    out: dict = {"phases": []}
     for rnd in range(args.rounds):
         for name in apps:
             res = asyncio.run(load(f"{base}/{name}/v1/search", caps, args.seconds, args.concurrency))
@@ -169,53 +199,185 @@ def main() -> int:
             out["phases"].append({"app": name, "round": rnd, **res})
             print(f"[shards] {name:5s} round {rnd}: {res}", flush=True)
     out["rss_mb"] = replica_rss()
-    info = httpx.get(f"{base}/three/v1/info", timeout=60).json()
-    out["three_shards"] = info.get("shards")
+    out["three_shards"] = httpx.get(f"{base}/three/v1/info", timeout=60).json().get("shards")
     out["one_shard_store_bytes"] = httpx.get(f"{base}/one/v1/info", timeout=60).json()["token_store"]["memory_bytes"]
+    for name in apps:
+        serve.delete(name)
+    return out
 
-    # Kill phase: add an image, then lose a Reranker and a FirstStage replica under load.
+
+def kill_phase(args, base: str, table: str, caps: List[str], ids: List[str], paths: List[str], workdir: Path) -> dict:
+    """Steady load on `shards` x `replicas_per_shard`; one Reranker and one FirstStage replica killed mid-run."""
+    import httpx
     from PIL import Image
+    from ray import serve
 
+    from edje.model.shards import shard_of
+    from edje.serving.app import build
+
+    cfg = base_config(table, workdir, shards=args.shards, replicas_per_shard=args.replicas_per_shard,
+                      live_dir=str(workdir / "live-kill"))
+    serve.run(build(cfg), name="kill", route_prefix="/kill")
+    url = f"{base}/kill/v1/search"
+    asyncio.run(load(url, caps, 10, args.concurrency))  # warm every replica
     buf = io.BytesIO()
     Image.open(paths[0]).transpose(Image.FLIP_LEFT_RIGHT).save(buf, "JPEG")
-    added = httpx.post(f"{base}/three/v1/images", json={"image": base64.b64encode(buf.getvalue()).decode(),
-                                                          "id": "bench-added"}, timeout=120)
-    victims = [f"Reranker-{shard_of('bench-added', 3)}", f"FirstStage-{(shard_of('bench-added', 3) + 1) % 3}"]
+    added = httpx.post(f"{base}/kill/v1/images", json={"image": base64.b64encode(buf.getvalue()).decode(),
+                                                         "id": "bench-added"}, timeout=120)
+    owner = shard_of("bench-added", args.shards)
+    victims = [f"Reranker-{owner}" if args.shards > 1 else "Reranker",
+               f"FirstStage-{(owner + 1) % args.shards}" if args.shards > 1 else "FirstStage"]
     killed_at: Optional[float] = None
+    killed: List[str] = []
 
     async def kill_later(t0: float):
-        nonlocal killed_at
+        nonlocal killed_at, killed
         await asyncio.sleep(args.seconds / 3)
         killed_at = time.perf_counter() - t0
-        await asyncio.to_thread(kill_replicas, "three", victims)
+        killed = await asyncio.to_thread(kill_replicas, "kill", victims)
 
-    res = asyncio.run(load(f"{base}/three/v1/search", caps, args.seconds * 2, args.concurrency, kill_later))
-    after = [killed_at or 0.0] + sorted(t for t in res["ok_times"] if t > (killed_at or 0.0))
-    stall = max(np.diff(after), default=None) if len(after) > 1 else None  # longest time without any answer
-    still = httpx.post(f"{base}/three/v1/rerank", json={"query": caps[0], "documents": ["bench-added", ids[1]]}, timeout=120)
-    kill = {"killed": victims, "killed_at_s": round(killed_at or 0, 2), "requests": res["requests"], "errors": res["errors"],
-            "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "rps": res["rps"],
-            "longest_time_without_an_answer_s": None if stall is None else round(float(stall), 2),
-            "added_before_kill": added.status_code, "added_image_served_after": still.status_code}
-    out["kill"] = kill
-    out["load_average_before_after"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    serve.shutdown()
-    ray.shutdown()
+    seconds = args.seconds * 2
+    res = asyncio.run(load(url, caps, seconds, args.concurrency, kill_later))
+    at = killed_at or 0.0
+    still = httpx.post(f"{base}/kill/v1/rerank", json={"query": caps[0], "documents": ["bench-added", ids[1]]}, timeout=120)
+    total = res["requests"] + res["errors"]
+    out = {"shards": args.shards, "replicas_per_shard": args.replicas_per_shard, "concurrency": args.concurrency,
+           "seconds": seconds, "killed": killed, "killed_at_s": round(at, 2), "requests": total, "failed": res["errors"],
+           "failed_pct": round(100 * res["errors"] / max(total, 1), 3),
+           "failed_after_kill": sum(t > at for t in res["fail_times"]),
+           "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "rps": res["rps"],
+           # From 1 s before the kill to the end: the normal spacing of answers is the baseline it is read against.
+           "longest_time_without_an_answer_s": round(longest_gap(res["ok_times"], max(0.0, at - 1.0), seconds), 2),
+           "longest_before_kill_s": round(longest_gap(res["ok_times"], 1.0, at), 2),
+           "added_before_kill": added.status_code, "added_image_served_after": still.status_code}
+    out["goals_met"] = out["failed_pct"] <= 0.5 and out["longest_time_without_an_answer_s"] <= 2.0
+    print(f"[shards] kill: {out}", flush=True)
+    serve.delete("kill")
+    return out
 
-    print(f"\n[shards] {len(ids)} images, POST /v1/search top 10 reranked, {args.concurrency} clients, {args.seconds:.0f} s "
-          f"per phase, load {out['load_average_before_after']}")
-    print(f"[shards] {'app':6s} {'round':>5s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>7s}")
-    for ph in out["phases"]:
-        print(f"[shards] {ph['app']:6s} {ph['round']:5d} {ph['rps']:7.2f} {ph['p50_ms']:8.1f} {ph['p99_ms']:8.1f} {ph['errors']:7d}")
-    print("[shards] RSS per replica (MB): " + ", ".join(f"{k} {v}" for k, v in sorted(out["rss_mb"].items())))
-    print(f"[shards] token bytes per shard: {[s['memory_bytes'] for s in out['three_shards']]} of "
-          f"{out['one_shard_store_bytes']} in one shard")
-    print(f"[shards] kill: {kill}")
+
+def overload_phase(args, base: str, table: str, caps: List[str], workdir: Path) -> dict:
+    """Unloaded p99, the rate one replica sustains, then `overload_factor` times that rate open-loop."""
+    from ray import serve
+
+    from edje.serving.app import build
+    from edje.serving.config import DeploymentResources
+
+    ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=args.admit_ongoing,
+                                  max_queued_requests=args.admit_queued)
+    cfg = base_config(table, workdir, ingress=ingress, retry_after_s=args.retry_after)
+    serve.run(build(cfg), name="over", route_prefix="/over")
+    url = f"{base}/over/v1/search"
+    asyncio.run(load(url, caps, 10, args.admit_ongoing))  # warm-up
+    unloaded = asyncio.run(load(url, caps, args.seconds, 1))
+    sustained = asyncio.run(load(url, caps, args.seconds, args.admit_ongoing))
+    rate = sustained["requests"] / args.seconds * args.overload_factor
+    got = asyncio.run(open_loop(url, caps, rate, args.seconds))
+    admitted = [g["latency"] for g in got if g["status"] == 200]
+    refused = [g for g in got if g["status"] == 503]
+    others = sorted({str(g["status"]) for g in got} - {"200", "503"})
+    out = {"admit_ongoing": args.admit_ongoing, "admit_queued": args.admit_queued,
+           "unloaded": {k: unloaded[k] for k in ("requests", "rps", "p50_ms", "p99_ms")},
+           "sustained": {k: sustained[k] for k in ("requests", "rps", "p50_ms", "p99_ms", "errors")},
+           "offered_rps": round(rate, 2), "sent": len(got), "admitted": len(admitted),
+           "refused_503": len(refused), "refused_pct": round(100 * len(refused) / max(len(got), 1), 1),
+           "other_statuses": {s: sum(str(g["status"]) == s for g in got) for s in others},
+           "refused_p50_ms": percentile_ms([g["latency"] for g in refused], 50),
+           "refused_p99_ms": percentile_ms([g["latency"] for g in refused], 99),
+           "refused_max_ms": percentile_ms([g["latency"] for g in refused], 100),
+           "retry_after": sorted({g["retry_after"] for g in refused}, key=str),
+           "admitted_p50_ms": percentile_ms(admitted, 50), "admitted_p99_ms": percentile_ms(admitted, 99)}
+    out["admitted_p99_over_unloaded_p99"] = (round(out["admitted_p99_ms"] / unloaded["p99_ms"], 2)
+                                            if admitted and unloaded["p99_ms"] else None)
+    out["goals_met"] = bool(refused) and (out["refused_p99_ms"] or 0) < 100 and \
+        (out["admitted_p99_over_unloaded_p99"] or 99) <= 2.0
+    print(f"[shards] overload: {out}", flush=True)
+    serve.delete("over")
+    return out
+
+
+def main() -> int:
+    """Run the chosen phases and print their tables."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--phases", nargs="+", choices=["compare", "kill", "overload"], default=["kill", "overload"])
+    p.add_argument("--images", type=int, default=600)
+    p.add_argument("--seed", type=int, default=8383)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--concurrency", type=int, default=16, help="closed-loop clients of the compare and kill phases")
+    p.add_argument("--rounds", type=int, default=2, help="turns of each application in the compare phase")
+    p.add_argument("--shards", type=int, default=2, help="kill phase: shards")
+    p.add_argument("--replicas-per-shard", type=int, default=2, help="kill phase: replicas of each shard's deployments")
+    p.add_argument("--admit-ongoing", type=int, default=2, help="overload phase: the ingress's max_ongoing_requests")
+    p.add_argument("--admit-queued", type=int, default=2, help="overload phase: the ingress's max_queued_requests")
+    p.add_argument("--overload-factor", type=float, default=4.0, help="overload phase: offered rate / sustained rate")
+    p.add_argument("--retry-after", type=float, default=1.0)
+    p.add_argument("--workdir")
+    p.add_argument("--json")
+    args = p.parse_args()
+
+    import ray
+    from ray import serve
+
+    from edje.jobs.quickstart import free_port
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-shards-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    table, caps, ids, paths = build_corpus(workdir, args.images, args.seed)
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)  # logical CPUs: replicas share the cores
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    base = f"http://127.0.0.1:{port}"
+    out: dict = {"images": len(ids), "seconds": args.seconds, "load_average_before": list(os.getloadavg())}
+    try:
+        if "compare" in args.phases:
+            out["compare"] = compare_phase(args, base, table, caps, workdir)
+        if "kill" in args.phases:
+            out["kill"] = kill_phase(args, base, table, caps, ids, paths, workdir)
+        if "overload" in args.phases:
+            out["overload"] = overload_phase(args, base, table, caps, workdir)
+    finally:
+        out["load_average_after"] = list(os.getloadavg())
+        serve.shutdown()
+        ray.shutdown()
+    report(out)
     if args.json:
         from edje.pipeline.storage import write_json
 
         write_json(args.json, out)
     return 0
+
+
+def report(out: dict) -> None:
+    """The phases' figures as plain lines."""
+    print(f"\n[shards] {out['images']} images, POST /v1/search top 10 reranked, {out['seconds']:.0f} s per phase, "
+          f"load average before {[round(x, 2) for x in out['load_average_before']]}, "
+          f"after {[round(x, 2) for x in out['load_average_after']]}")
+    if "compare" in out:
+        c = out["compare"]
+        print(f"[shards] {'app':6s} {'round':>5s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>7s}")
+        for ph in c["phases"]:
+            print(f"[shards] {ph['app']:6s} {ph['round']:5d} {ph['rps']:7.2f} {ph['p50_ms']:8.1f} {ph['p99_ms']:8.1f} "
+                  f"{ph['errors']:7d}")
+        print("[shards] RSS per replica (MB): " + ", ".join(f"{k} {v}" for k, v in sorted(c["rss_mb"].items())))
+        print(f"[shards] token bytes per shard: {[s['memory_bytes'] for s in c['three_shards']]} of "
+              f"{c['one_shard_store_bytes']} in one shard")
+    if "kill" in out:
+        k = out["kill"]
+        print(f"[shards] kill ({k['shards']} shards x {k['replicas_per_shard']} replicas, {k['concurrency']} clients, "
+              f"{k['seconds']:.0f} s, killed {k['killed']} at {k['killed_at_s']} s): {k['requests']} requests, "
+              f"{k['failed']} failed ({k['failed_pct']} %), longest time without an answer "
+              f"{k['longest_time_without_an_answer_s']} s (before the kill {k['longest_before_kill_s']} s), p50 "
+              f"{k['p50_ms']} ms, p99 {k['p99_ms']} ms; image added before the kill: {k['added_before_kill']}, "
+              f"served after: {k['added_image_served_after']}; goals (<= 0.5 %, <= 2 s) met: {k['goals_met']}")
+    if "overload" in out:
+        o = out["overload"]
+        print(f"[shards] overload (ingress admits {o['admit_ongoing']} + {o['admit_queued']} queued): unloaded p50 "
+              f"{o['unloaded']['p50_ms']} ms, p99 {o['unloaded']['p99_ms']} ms; sustained {o['sustained']['rps']} req/s; "
+              f"offered {o['offered_rps']} req/s for {out['seconds']:.0f} s: {o['sent']} sent, {o['admitted']} admitted, "
+              f"{o['refused_503']} refused 503 ({o['refused_pct']} %, p50 {o['refused_p50_ms']} ms, p99 "
+              f"{o['refused_p99_ms']} ms, max {o['refused_max_ms']} ms, Retry-After {o['retry_after']}), other "
+              f"{o['other_statuses']}; admitted p50 {o['admitted_p50_ms']} ms, p99 {o['admitted_p99_ms']} ms = "
+              f"{o['admitted_p99_over_unloaded_p99']}x the unloaded p99; goals (503 < 100 ms, <= 2x) met: {o['goals_met']}")
 
 
 if __name__ == "__main__":

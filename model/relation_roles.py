@@ -63,28 +63,6 @@ def word_roles(caption: str) -> list[set[int]]:
     return roles
 
 
-# Each spatial head word and its opposite: what a caption says with its relations reversed.
-_OPPOSITE = {"left": "right", "right": "left", "above": "below", "below": "above", "over": "under", "under": "over",
-             "beneath": "above", "top": "bottom", "bottom": "top"}
-
-
-def flip_relations(caption: str) -> str | None:
-    """The caption with every spatial head word replaced by its opposite ("left" -> "right", "above" -> "below"),
-    punctuation and case kept; None when it states no relation. A negative made from the text alone: same
-    words, same nouns, the layout reversed."""
-    words = caption.split()
-    flipped = []
-    for w in words:
-        head = _bare(w)
-        if head in _HEADS and head in _OPPOSITE:
-            start = w.lower().index(head)
-            new = _OPPOSITE[head]
-            flipped.append(w[:start] + (new.capitalize() if w[start].isupper() else new) + w[start + len(head):])
-        else:
-            flipped.append(w)
-    return " ".join(flipped) if flipped != words else None
-
-
 def word_starts(caption: str, pieces_of: Callable[[str], int]) -> list[int]:
     """Index of each whitespace word's first wordpiece among the caption's wordpieces."""
     starts, at = [], 0

@@ -1,22 +1,33 @@
-"""Token store: compressed token tables loaded once into contiguous arrays, gathered by image id.
+"""Token store: compressed token tables as row-aligned column files, memory-mapped, gathered by image id.
 
-The store keeps the *encoded* blobs (uint8, plus fp16 scales for int8/int4) so that the corpus
-stays at its stored size in memory; each reranker replica holds one (serving.reranker_core) and decodes
-what it gathers with the table's codec on its own device (`edje.model.scoring.decode_blobs`). Tables that do not
-match the served checkpoint are refused at start-up with the field named (TableMismatchError).
+The store keeps the *encoded* blobs (uint8, plus fp16 scales for int8/int4) so that the corpus stays at its stored
+size; each reranker replica opens one (serving.reranker_core) and decodes what it gathers with the table's codec on
+its own device (`edje.model.scoring.decode_blobs`). Local tables are served from memory-mapped files built once per
+node beside them (model/table_cache.py): start-up reads the ids' file header, not the blobs, and every replica on the
+node shares the page cache's one copy. Tables that do not match the served checkpoint are refused at start-up with
+the field named (TableMismatchError), before any cache is built or opened.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from edje.model.shards import filter_shard
-from edje.schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, read_token_tables, vector_matrix
+from edje.model.table_cache import (
+    TOKEN_COLUMNS,
+    CacheConfig,
+    ImageIds,
+    MappedTables,
+    RowMatrix,
+    is_local,
+    open_tables,
+    read_columns,
+)
+from edje.schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, vector_matrix
 
 log = logging.getLogger("ray.serve")
 
@@ -57,62 +68,65 @@ def expected_from_checkpoint(checkpoint_meta: dict) -> dict:
 
 
 class TokenStore:
-    """All rows of some token tables in contiguous numpy arrays, with an id -> row dict."""
+    """The rows of some token tables, by image id: blobs, scales, embeddings and urls, memory-mapped or in RAM.
 
-    def __init__(self, meta: TableMetadata, image_ids: List[str], blob: np.ndarray, scales: Optional[np.ndarray],
-                 embeddings: np.ndarray, urls: List[Optional[str]], paths: Sequence[str] = ()):
-        self.meta, self.paths = meta, list(paths)
-        self.image_ids, self.blob, self.scales, self.embeddings, self.urls = image_ids, blob, scales, embeddings, urls
-        self.row: Dict[str, int] = {image_id: i for i, image_id in enumerate(image_ids)}
-        self.codec = meta.codec
+    Row r of every column belongs to `image_ids[r]` (sorted, unique); rows added later (live images) follow them,
+    in RAM. Local tables are served from memory-mapped files (model/table_cache.py): start-up reads no token bytes,
+    and the replicas of a node share one copy in the page cache. Remote tables are read into RAM."""
+
+    def __init__(self, meta: TableMetadata, tables: MappedTables, paths: Sequence[str] = ()):
+        self.meta, self.paths, self.codec = meta, list(paths), meta.codec
+        self.folder = tables.folder  # the cache folder the columns are mapped from; None when read into RAM
+        self.image_ids = ImageIds(tables.ids)
+        self.row = self.image_ids  # id -> row lookups (`in`, `.get`) without a dict of every id
+        self.blob = RowMatrix(tables.columns["tokens"])
+        self.scales = RowMatrix(tables.columns["token_scales"]) if self.codec.num_scales else None
+        self.embeddings = RowMatrix(tables.columns["image_embedding"])
+        self.urls = tables.string_column("url")
 
     @classmethod
     def load(cls, paths: Sequence[str], checkpoint_meta: Optional[dict] = None, shard: int = 0, num_shards: int = 1,
-             **expected) -> "TokenStore":
-        """Read tables (any fsspec paths) once; refuse any whose metadata differs from the checkpoint's. With
-        num_shards > 1 only the rows whose id hashes to `shard` are kept (serving/shards.py), one table at a time."""
+             mapped: Optional[bool] = None, cache: CacheConfig = CacheConfig(), **expected) -> "TokenStore":
+        """Open tables (any fsspec paths); refuse any whose metadata differs from the checkpoint's or the first
+        table's. With num_shards > 1 only the rows whose id hashes to `shard` are kept (serving/shards.py).
+        mapped=None: memory-mapped when every table is a local file, else read into RAM (one table at a time)."""
         if not paths:
             raise FileNotFoundError("no token tables given")
         want = {**(expected_from_checkpoint(checkpoint_meta) if checkpoint_meta else {}), **expected}
+        meta = None
         for p in paths:  # metadata first: refuse before reading any token bytes
-            read_metadata(p).check(p, **want)
-        if num_shards > 1:
-            kept = []
-            for p in paths:  # one table in memory at a time, then only this shard's rows of it
-                whole, meta = read_token_tables([p], **want)
-                kept.append(filter_shard(whole, shard, num_shards))
-            table = pa.concat_tables(kept)
+            m = read_metadata(p)
+            m.check(p, **want)
+            if meta is None:
+                meta = m
+            else:
+                m.check(p, **dataclasses.asdict(meta))  # every table as the first: one codec, one model
+        columns = [c for c in TOKEN_COLUMNS if c != "token_scales" or meta.codec.num_scales]
+        if mapped is None:
+            mapped = is_local(paths)
+        if mapped:
+            tables = open_tables(paths, meta, columns, shard, num_shards, cache)
         else:
-            table, meta = read_token_tables(paths, **want)
-        n_before = table.num_rows
-        ids = table.column("image_id").combine_chunks()
-        keep = _first_of_each(ids)
-        if keep is not None:
-            table = table.take(pa.array(keep))
-            log.warning("token store: %d duplicate image ids across %s kept once", n_before - table.num_rows, list(paths))
-        codec = meta.codec
-        blob = np.array(blob_matrix(table.column("tokens"), codec.blob_bytes))  # own copy: the table can go
-        scales = None
-        if codec.num_scales:
-            scales = np.array(blob_matrix(table.column("token_scales"), 2 * codec.num_scales).view("<f2"))
-        embeddings = np.ascontiguousarray(vector_matrix(table.column("image_embedding")))
-        urls = table.column("url").to_pylist() if "url" in table.column_names else [None] * table.num_rows
-        return cls(meta, table.column("image_id").to_pylist(), blob, scales, embeddings, urls, paths)
+            tables = read_columns(paths, meta, columns, shard, num_shards, cache.batch_rows)
+        dropped = tables.info.get("duplicates", 0)
+        if dropped:
+            log.warning("token store: %d duplicate image ids across %s kept once", dropped, list(paths))
+        return cls(meta, tables, paths)
 
     def __len__(self) -> int:
         return len(self.image_ids)
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the arrays (blobs, scales, embeddings); the id dict and strings come on top."""
+        """Bytes of the rows' blobs, scales and embeddings (in the page cache, shared, when memory-mapped); the ids
+        and urls come on top."""
         return int(self.blob.nbytes + (self.scales.nbytes if self.scales is not None else 0) + self.embeddings.nbytes)
 
     def rows(self, image_ids: Sequence[str]) -> tuple[np.ndarray, List[str]]:
         """Row numbers of the ids and the ids that are unknown (in request order, unique)."""
-        get = self.row.get
-        rows = [get(i, -1) for i in image_ids]
+        rows = self.image_ids.rows(list(image_ids))
         missing = list(dict.fromkeys(i for i, r in zip(image_ids, rows) if r < 0))
-        return np.asarray(rows, dtype=np.int64), missing
+        return rows, missing
 
     def gather_blobs(self, image_ids: Sequence[str], with_urls: bool = False) -> TokenBlobs:
         """Encoded tokens of the ids (one vectorised take), or the unknown ids."""
@@ -140,47 +154,24 @@ class TokenStore:
     def add_table(self, table: pa.Table) -> None:
         """Append the rows of a token table with this store's metadata (live images); ids must be new.
 
-        The arrays keep spare rows and grow by a quarter when full, so adding is amortised O(rows added)
-        rather than a copy of the corpus per image; `len(self)` rows are valid."""
+        Added rows live in RAM after the (mapped) corpus and grow by a quarter when full, so adding is amortised
+        O(rows added) rather than a copy of the corpus per image; `len(self)` rows are valid."""
         ids = table.column("image_id").to_pylist()
         dup = [i for i in ids if i in self.row]
         if dup or len(set(ids)) < len(ids):
             raise ValueError(f"image ids already in the store: {dup or ids}")
-        codec, n, k = self.codec, len(self.image_ids), len(ids)
-        new = dict(blob=np.asarray(blob_matrix(table.column("tokens"), codec.blob_bytes)),
-                   embeddings=vector_matrix(table.column("image_embedding")))
+        codec = self.codec
+        self.blob.append(np.asarray(blob_matrix(table.column("tokens"), codec.blob_bytes)))
+        self.embeddings.append(vector_matrix(table.column("image_embedding")))
         if codec.num_scales:
-            new["scales"] = np.asarray(blob_matrix(table.column("token_scales"), 2 * codec.num_scales).view("<f2"))
-        for name, rows in new.items():
-            setattr(self, name, _put_rows(getattr(self, name), n, rows))
-        self.urls.extend(table.column("url").to_pylist() if "url" in table.column_names else [None] * k)
-        self.image_ids.extend(ids)
-        self.row.update({image_id: n + j for j, image_id in enumerate(ids)})  # last: rows are complete when visible
+            self.scales.append(np.asarray(blob_matrix(table.column("token_scales"), 2 * codec.num_scales).view("<f2")))
+        self.urls.extend(table.column("url").to_pylist() if "url" in table.column_names else [None] * len(ids))
+        self.image_ids.extend(ids)  # last: rows are complete when their ids become visible
 
     def info(self) -> dict:
         """Paths, table metadata, image count and memory, for GET /v1/info."""
         return dict(paths=self.paths, metadata=dataclasses.asdict(self.meta), images=len(self),
-                    memory_bytes=self.memory_bytes)
-
-
-def _put_rows(array: np.ndarray, n: int, rows: np.ndarray) -> np.ndarray:
-    """`array` with `rows` written at n.. (a larger copy with spare rows when it is full)."""
-    need = n + len(rows)
-    if need > len(array):
-        grown = np.empty((max(need, n + n // 4 + 64),) + array.shape[1:], array.dtype)
-        grown[:n] = array[:n]
-        array = grown
-    array[n:need] = rows
-    return array
-
-
-def _first_of_each(sorted_ids: pa.Array) -> Optional[np.ndarray]:
-    """Row numbers keeping the first of each run of equal ids in a sorted column; None when all are unique."""
-    values = sorted_ids.to_numpy(zero_copy_only=False)
-    if len(values) < 2:
-        return None
-    first = np.concatenate([[True], values[1:] != values[:-1]])
-    return None if first.all() else np.flatnonzero(first)
+                    memory_bytes=self.memory_bytes, memory_mapped=self.folder is not None, cache_folder=self.folder)
 
 
 __all__ = ["TokenStore", "TokenBlobs", "UnknownImageIds", "TableMismatchError",

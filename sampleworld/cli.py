@@ -1,4 +1,4 @@
-"""Command line: ``python -m edje.sampleworld generate | urls | serve``."""
+"""Command line: ``python -m edje.sampleworld generate | urls | serve | build-table | build-sprites``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 import time
 from typing import Sequence
 
-from .world import SPLITS, WorldConfig, generate, write_url_list
+from .open_world import OPEN_DEFAULTS
+from .world import KINDS, SPLITS, WorldConfig, generate, write_url_list
 
 _DEFAULTS = WorldConfig()
 
@@ -20,21 +21,27 @@ def _build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="write images, flickr30k_*.json annotations and world.json")
     g.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="random seed; same seed gives the same bytes (default %(default)s)")
     g.add_argument("--out", required=True, help="output directory (created if missing)")
+    g.add_argument("--world", choices=KINDS, default="shapes",
+                   help="shapes: 6 shapes x 8 colours x 2 sizes; open: emoji glyphs of hundreds of real nouns with size, "
+                   "count and facing (default %(default)s)")
     g.add_argument("--n-train", type=int, default=_DEFAULTS.n_train, help="train images, rounded to whole families (default %(default)s)")
     g.add_argument("--n-val", type=int, default=_DEFAULTS.n_val, help="val images, rounded to whole families (default %(default)s)")
     g.add_argument("--n-test", type=int, default=_DEFAULTS.n_test, help="test images, rounded to whole families (default %(default)s)")
     g.add_argument("--image-size", type=int, default=_DEFAULTS.image_size, help="image side in pixels (default %(default)s)")
     g.add_argument("--family-size", type=int, default=_DEFAULTS.family_size, help="images per family: base + twins (default %(default)s)")
     g.add_argument("--captions-per-image", type=int, default=_DEFAULTS.captions_per_image, help="captions per image (default %(default)s)")
-    g.add_argument("--min-objects", type=int, default=_DEFAULTS.min_objects, help="fewest objects per scene (default %(default)s)")
-    g.add_argument("--max-objects", type=int, default=_DEFAULTS.max_objects,
-                   help="most objects per scene (default %(default)s); --min-objects 1 --max-objects 1 --family-size 1 "
-                   "is the curriculum's first world: one object per image, no twins")
-    g.add_argument("--same-side-rate", type=float, default=_DEFAULTS.same_side_rate,
+    g.add_argument("--min-objects", type=int, default=None,
+                   help=f"fewest objects per scene (default {_DEFAULTS.min_objects}; open: {OPEN_DEFAULTS['min_objects']})")
+    g.add_argument("--max-objects", type=int, default=None,
+                   help=f"most objects per scene (default {_DEFAULTS.max_objects}; open: {OPEN_DEFAULTS['max_objects']}); "
+                   "--min-objects 1 --max-objects 1 --family-size 1 is the curriculum's first world: one object per image, "
+                   "no twins")
+    g.add_argument("--same-side-rate", type=float, default=None,
                    help="share of two-object families with both objects on one side of the image centre "
-                   "(default %(default)s)")
+                   f"(default {_DEFAULTS.same_side_rate}; open: {OPEN_DEFAULTS['same_side_rate']})")
     g.add_argument("--held-out", nargs="+", default=[], metavar="VALUE+VALUE",
-                   help="attribute combinations withheld, e.g. red+circle large+square (see --held-out-mode)")
+                   help="attribute combinations withheld, e.g. red+circle large+square; open worlds: a noun or category "
+                   "with a size, count or facing, e.g. dog+large animal+two car+left (see --held-out-mode)")
     g.add_argument("--held-out-mode", choices=("exclude", "only"), default="exclude",
                    help="exclude: no image shows a held-out combination (training worlds); only: every image shows "
                    "one (the held-out test world)")
@@ -45,6 +52,10 @@ def _build_parser() -> argparse.ArgumentParser:
     u.add_argument("--out", required=True, help="output file (.tsv or .parquet)")
     u.add_argument("--splits", default=",".join(SPLITS), help="comma-separated splits to include (default %(default)s)")
     u.add_argument("--format", choices=("tsv", "parquet"), default="tsv", help="file format (default %(default)s)")
+
+    sub.add_parser("build-table", help="rewrite the open world's glyph table (open_assets/glyphs.tsv) from the curated list")
+    b = sub.add_parser("build-sprites", help="render the open world's sprite sheet (open_assets/sprites.png) from the font")
+    b.add_argument("--font", default=None, help="Noto Color Emoji .ttf (default: where fonts-noto-color-emoji installs it)")
 
     s = sub.add_parser("serve", help="serve a directory over HTTP until interrupted")
     s.add_argument("--root", required=True, help="directory to serve (usually a generated world)")
@@ -57,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _build_parser().parse_args(argv)
     if args.command == "generate":
+        # Unset options take the kind's default; a shapes world's are WorldConfig's, so its bytes never change.
+        kind_defaults = OPEN_DEFAULTS if args.world == "open" else {
+            k: getattr(_DEFAULTS, k) for k in ("min_objects", "max_objects", "same_side_rate")}
+        unset = {k: v for k, v in kind_defaults.items() if getattr(args, k) is None}
+        for k, v in unset.items():
+            setattr(args, k, v)
         config = WorldConfig(
             seed=args.seed,
             n_train=args.n_train,
@@ -70,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             held_out=tuple(args.held_out),
             held_out_mode=args.held_out_mode,
             same_side_rate=args.same_side_rate,
+            kind=args.world,
         )
         t0 = time.perf_counter()
         m = generate(config, args.out)
@@ -80,6 +98,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
         out = write_url_list(args.world, args.base_url, args.out, splits=splits, fmt=args.format)
         print(out)
+        return 0
+    if args.command == "build-table":
+        from .open_table import write_table
+
+        print(write_table())
+        return 0
+    if args.command == "build-sprites":
+        from .open_glyphs import load_glyphs
+        from .open_sprites import FONT_PATH, build_sheet
+
+        load_glyphs.cache_clear()
+        print(build_sheet([g.codepoint for g in load_glyphs().glyphs], font_path=args.font or FONT_PATH))
         return 0
     if args.command == "serve":
         from .server import serve_directory

@@ -39,6 +39,10 @@ def noun_phrases(words: list[str]) -> list[tuple[int, int]]:
 
 def caption_grounding(caption: str, scene: Scene) -> list[list[float]]:
     """[[word index, centre x, centre y], ...] for every word of each noun phrase that names exactly one object."""
+    if getattr(scene, "kind", "shapes") == "open":  # an OpenScene: names from the glyph table
+        from .open_grounding import open_caption_grounding
+
+        return open_caption_grounding(caption, scene)  # type: ignore[arg-type]
     words = caption.split()
     out: list[list[float]] = []
     for start, end in noun_phrases(words):

@@ -147,7 +147,12 @@ class Scene:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "Scene":
-        """Inverse of to_json (relations are re-derived)."""
+        """Inverse of to_json (relations are re-derived); an open world's record gives its OpenScene, so code that
+        reads world.json through Scene reads both kinds."""
+        if d.get("scene_kind") == "open":
+            from .open_scene import OpenScene
+
+            return OpenScene.from_json(d)  # type: ignore[return-value]
         return Scene(tuple(SceneObject.from_json(o) for o in d["objects"]), tuple(d["background"]))  # type: ignore[arg-type]
 
 

@@ -15,10 +15,14 @@ from .captions import make_captions
 from .family import sample_family
 from .grounding import caption_grounding
 from .held_out import HeldOut
+from .open_render import render_open
+from .open_scene import OpenSwap, is_open_json
+from .open_world import open_vocabulary, sample_open_records
 from .render import encode_jpeg, render
 from .scene import COLOURS, RELATIONS, SHAPES, SIZES, Scene, Swap
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+KINDS: tuple[str, ...] = ("shapes", "open")
 FORMAT_VERSION = "sampleworld/1"
 IMAGE_DIR = "images"
 WORLD_JSON = "world.json"
@@ -48,6 +52,8 @@ class WorldConfig:
     # Share of two-object families whose objects both lie on one side of the image centre (the relation
     # cannot be read from the subject's side alone; reported as the "same side" subset).
     same_side_rate: float = 0.0
+    # "shapes" (sampleworld/scene.py) or "open": emoji glyphs of hundreds of real nouns (sampleworld/open_world.py).
+    kind: str = "shapes"
 
     def families(self, split: str) -> int:
         """Number of families in ``split`` (nearest whole number; at least one if asked for any)."""
@@ -69,6 +75,9 @@ class ImageRecord:
     scene: Scene
     captions: tuple[str, ...]
     render_seed: int
+    # Open worlds: each caption's template id and whether it is a held-out (test-only) template.
+    caption_templates: tuple[str, ...] = ()
+    held_out_captions: tuple[bool, ...] = ()
 
     @property
     def image(self) -> str:
@@ -86,21 +95,26 @@ class ImageRecord:
             "swaps": [s.to_json() for s in self.swaps],
             **self.scene.to_json(),
             "captions": list(self.captions),
+            **({"caption_templates": list(self.caption_templates), "held_out_captions": list(self.held_out_captions)}
+               if self.caption_templates else {}),
             "render_seed": self.render_seed,
         }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "ImageRecord":
         """Inverse of to_json."""
+        swap = OpenSwap.from_json if is_open_json(d) else Swap.from_json
         return ImageRecord(
             image_id=d["image_id"],
             split=d["split"],
             family_id=d["family_id"],
             role=d["role"],
-            swaps=tuple(Swap.from_json(s) for s in d["swaps"]),
+            swaps=tuple(swap(s) for s in d["swaps"]),  # type: ignore[misc]
             scene=Scene.from_json(d),
             captions=tuple(d["captions"]),
             render_seed=d["render_seed"],
+            caption_templates=tuple(d.get("caption_templates", ())),
+            held_out_captions=tuple(d.get("held_out_captions", ())),
         )
 
 
@@ -164,6 +178,10 @@ def _vocabulary() -> dict[str, Any]:
 
 def sample_records(config: WorldConfig) -> list[ImageRecord]:
     """All image records (scenes, captions, seeds) without touching the disk."""
+    if config.kind not in KINDS:
+        raise ValueError(f"world kind must be one of {KINDS}, got {config.kind!r}")
+    if config.kind == "open":
+        return sample_open_records(config)
     if config.image_size < 16:
         raise ValueError("image_size must be >= 16")
     rng = np.random.default_rng(config.seed)
@@ -219,6 +237,8 @@ def _config_json(config: WorldConfig) -> dict[str, Any]:
         del cfg["held_out"], cfg["held_out_mode"]
     if not config.same_side_rate:
         del cfg["same_side_rate"]
+    if config.kind == "shapes":
+        del cfg["kind"]
     return cfg
 
 
@@ -229,8 +249,9 @@ def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
     image_dir.mkdir(parents=True, exist_ok=True)
     records = sample_records(config)
     _clear_stale_images(image_dir, {f"{r.image_id}.jpg" for r in records})
+    draw = render_open if config.kind == "open" else render
     for r in records:
-        pixels = render(r.scene, config.image_size, r.render_seed)
+        pixels = draw(r.scene, config.image_size, r.render_seed)  # type: ignore[arg-type]
         (image_dir / f"{r.image_id}.jpg").write_bytes(encode_jpeg(pixels))
 
     splits = {s: tuple(r.image_id for r in records if r.split == s) for s in SPLITS}
@@ -250,7 +271,7 @@ def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
                 "families": {s: config.families(s) for s in SPLITS},
                 "total_images": len(records),
             },
-            "vocabulary": _vocabulary(),
+            "vocabulary": open_vocabulary() if config.kind == "open" else _vocabulary(),
             "images": [r.to_json() for r in records],
         },
     )

@@ -42,8 +42,9 @@ class DeploymentResources:
             raise ValueError("num_cpus and num_gpus must be >= 0")
         if self.max_ongoing_requests < 1:
             raise ValueError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
-        if self.max_queued_requests is not None and self.max_queued_requests < 0 and self.max_queued_requests != -1:
-            raise ValueError(f"max_queued_requests must be >= 0 (or -1: no limit), got {self.max_queued_requests}")
+        # Serve compares the requests being routed (this one's predecessors) with the limit: 0 would refuse them all.
+        if self.max_queued_requests is not None and self.max_queued_requests < 1 and self.max_queued_requests != -1:
+            raise ValueError(f"max_queued_requests must be >= 1 (or -1: no limit), got {self.max_queued_requests}")
 
     def options(self, default_replicas: int = 1) -> dict:
         """Keyword arguments for `Deployment.options`: num_replicas when set (else `default_replicas` when it is not

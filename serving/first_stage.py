@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from edje.model.device import pick_device
-from edje.model.embedding_index import EmbeddingIndex
+from edje.model.embedding_index import EmbeddingIndex, mapped_index
 from edje.model.shards import filter_shard
+from edje.model.table_cache import is_local
 from edje.schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
 from edje.serving.live_images import LiveLog, embeddings_of_tables
 
@@ -117,9 +118,17 @@ class FirstStage:
                  index_search_params: str = "", shard: int = 0, num_shards: int = 1):
         torch.set_num_threads(max(1, torch_threads))
         self.device = pick_device(device)  # None: the GPU when this replica was given one
-        ids, vectors, meta = read_image_embeddings(token_tables, shard, num_shards)
-        self.index = EmbeddingIndex(ids, vectors, index_factory, self.device, index_search_params)
-        if index_factory != "Flat":  # an approximate index says what it loses, where it is built
+        if index_factory != "Flat" and is_local(token_tables):
+            # Trained and saved once per node beside the memory-mapped embeddings, then read with IO_FLAG_MMAP:
+            # the replicas share its pages instead of each holding the codes (model/embedding_index.py).
+            self.index, meta = mapped_index(token_tables, index_factory, index_search_params, shard, num_shards,
+                                            self.device)
+            print(f"[first stage] {index_factory} {index_search_params}: memory-mapped {self.index.index_path} "
+                  f"({self.index.build_info}) for {len(self.index):,} images", flush=True)
+        else:
+            ids, vectors, meta = read_image_embeddings(token_tables, shard, num_shards)
+            self.index = EmbeddingIndex(ids, vectors, index_factory, self.device, index_search_params)
+        if index_factory != "Flat" and self.index.index_path is None:  # an approximate index says what it loses
             print(f"[first stage] {index_factory} {index_search_params}: recall@10 against exact search "
                   f"{self.index.recall_vs_exact(10):.3f} (1,000 stored vectors as queries), index {self.index.nbytes():,} B "
                   f"for {len(self.index):,} images", flush=True)
@@ -138,8 +147,8 @@ class FirstStage:
         with self.live_lock:
             paths, offset = self.live.read(self.live_offset)
             ids, vectors = embeddings_of_tables(paths)
-            known = set(self.index.ids)
-            keep = [i for i, x in enumerate(ids) if x not in known]
+            rows, _ = self.index.rows_of(ids)  # a lookup, not a set of every indexed id
+            keep = [i for i, r in enumerate(rows) if r < 0]
             if keep:
                 self.index.add([ids[i] for i in keep], vectors[keep])
             self.live_offset = offset

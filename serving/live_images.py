@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from edje.model.image_decode import DECOMPRESSION_BOMB, ImageRejected, decode_image
 from edje.model.token_encoder import EncodedImages
 from edje.model.token_store import TokenBlobs
-import pyarrow as pa
-
 from edje.schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix
 from edje.serving.live_log import LOG_NAME, LiveLog, LiveLogConfig
 from edje.serving.live_sources import content_hash, default_image_id, keep_source
@@ -128,14 +127,15 @@ class LiveImages:
     """One reranker replica's live-image side: applies the log to its token store, adds and encodes images."""
 
     def __init__(self, store, adapter: torch.nn.Module, device: torch.device, live_dir: Optional[str],
-                 max_pixels: int, cache_size: int):
+                 max_pixels: int, cache_size: int, log_config: Optional[LiveLogConfig] = None):
         self.store, self.adapter, self.device, self.max_pixels = store, adapter, device, max_pixels
-        self.log = LiveLog(live_dir) if live_dir else None
-        self.offset = 0
+        self.log = LiveLog(live_dir, log_config, _same_as(store.meta)) if live_dir else None
         self.cache = EncodedCache(cache_size)
         self._encoder: Optional[ImageEncoder] = None
         self._lock = threading.Lock()  # the event loop (sync) and the forward thread (add) both touch the store
+        self._compacting = threading.Lock()  # one compaction thread per replica at a time
         self.added = 0
+        self.compactions: List[dict] = []  # what this replica's compactions did (newest last)
         self.sync()
 
     @property
@@ -146,24 +146,27 @@ class LiveImages:
         return self._encoder
 
     def sync(self) -> int:
-        """Apply log lines this replica has not applied yet; returns the rows added."""
-        if self.log is None or self.log.size() == self.offset:
+        """Apply records this replica has not applied yet; returns the rows added."""
+        if self.log is None or not self.log.changed():
             return 0
         with self._lock:
-            return self._apply_new()
+            return self._apply(self.log.poll())
 
-    def _apply_new(self) -> int:
-        paths, offset = self.log.read(self.offset)
-        added = 0
-        if paths:
-            table, _ = read_token_tables(paths, **_same_as(self.store.meta))
-            fresh = [i for i, x in enumerate(table.column("image_id").to_pylist()) if x not in self.store.row]
-            table = table.take(fresh) if len(fresh) < table.num_rows else table
-            if table.num_rows:
-                self.store.add_table(table)
-                added = table.num_rows
-        self.offset = offset
-        return added
+    def _apply(self, table: Optional[pa.Table]) -> int:
+        """Add the rows whose ids the store lacks (after a compaction a part may repeat rows already applied)."""
+        if table is None:
+            return 0
+        ids = table.column("image_id").to_pylist()
+        rows, _ = self.store.rows(ids)  # one vectorised lookup, not a set of every id in the corpus
+        seen, keep = set(), []
+        for i, (image_id, r) in enumerate(zip(ids, rows)):
+            if r < 0 and image_id not in seen:
+                seen.add(image_id)
+                keep.append(i)
+        if not keep:
+            return 0
+        self.store.add_table(table.take(keep) if len(keep) < table.num_rows else table)
+        return len(keep)
 
     def add(self, data: bytes, image_id: Optional[str], url: Optional[str]) -> AddResult:
         """Encode one image, commit it to the log under the lock (409 on a duplicate id), apply it here."""
@@ -176,19 +179,50 @@ class LiveImages:
         except RejectedImage as e:
             return AddResult(image_id, sha, 413 if e.reason == DECOMPRESSION_BOMB else 422,
                              f"image rejected: {e.reason}: {e.detail}")
+        return self.add_encoded(image_id, rows, url, data, sha)
+
+    def add_encoded(self, image_id: str, rows: EncodedImages, url: Optional[str] = None, data: Optional[bytes] = None,
+                    sha: str = "") -> AddResult:
+        """Commit one already-encoded image (one row) to the log under the lock, apply it here; `data`: its source
+        bytes, kept for its thumbnail. The path of `add` after the encoder (benchmarks drive it directly)."""
+        if self.log is None:
+            return AddResult(image_id, sha, 404, "live images are not enabled on this server (no live_dir)")
         with self._lock, self.log.locked():
-            self._apply_new()  # every line committed so far, from any replica, before the duplicate check
+            self._apply(self.log.poll_locked())  # every record committed so far, by any replica, before the check
             if image_id in self.store.row:
                 return AddResult(image_id, sha, 409, f"image id {image_id!r} is already in the corpus",
                                  len(self.store))
             table = build_table_from_blobs(self.store.meta, [image_id], rows.blob, rows.scales, rows.embeddings,
                                            urls=[url])
-            # The bytes first, the log line last: an image any replica can see has its bytes (its thumbnail).
-            keep_source(self.log.dir, image_id, data)
-            self.log.commit(table, f"{self.log.size():012d}-{sha[:16]}.parquet")
-            self._apply_new()
+            if data is not None:  # the bytes first, the record last: an image any replica sees has its bytes
+                keep_source(self.log.dir, image_id, data)
+            self.log.append(table)
+            self.store.add_table(table)
         self.added += 1
+        if self.log.wants_compaction():
+            self.compact(background=self.log.config.background)
         return AddResult(image_id, sha, 200, "", len(self.store))
+
+    def compact(self, background: bool = False) -> Optional[dict]:
+        """Compact the live log now (or in a thread); None when this replica or another is already at it."""
+        if self.log is None or not self._compacting.acquire(blocking=False):
+            return None
+        if background:
+            threading.Thread(target=self._compact_and_release, name="live-log-compaction", daemon=True).start()
+            return None
+        return self._compact_and_release()
+
+    def _compact_and_release(self) -> Optional[dict]:
+        try:
+            done = self.log.compact()
+            if done:
+                self.compactions.append(done)
+            return done
+        except Exception:  # a failed compaction loses nothing (the log still holds every row): say so, go on
+            log.exception("live log %s: compaction failed", self.log.dir)
+            return None
+        finally:
+            self._compacting.release()
 
     def encode_inline(self, datas: Dict[int, bytes]) -> Dict[int, EncodedImages]:
         """Encoded rows of inline document images by position, from the cache or encoded now (one batch)."""
@@ -240,9 +274,11 @@ class LiveImages:
 
     def info(self) -> dict:
         """Live-image counters for GET /v1/info."""
+        c = self.log.cursor if self.log else None
         return dict(enabled=self.log is not None, live_dir=self.log.dir if self.log else None, added_here=self.added,
-                    log_bytes_applied=self.offset, cache_entries=len(self.cache.items), cache_hits=self.cache.hits,
-                    cache_misses=self.cache.misses)
+                    log_seq_applied=c.seq if c else 0, log_bytes_applied=c.log_off if c else 0,
+                    log_rows_uncompacted=c.log_rows if c else 0, compactions_here=len(self.compactions),
+                    cache_entries=len(self.cache.items), cache_hits=self.cache.hits, cache_misses=self.cache.misses)
 
 
 def _same_as(meta: TableMetadata) -> dict:
@@ -270,16 +306,18 @@ def merge_rows(store_rows, inline: Dict[int, EncodedImages], n: int, store_posit
     return EncodedImages(blob, scales, emb)
 
 
-def live_table_paths(live_dir: Optional[str]) -> List[str]:
-    """Committed live tables (for components that load them once, e.g. at start)."""
-    if not live_dir or not os.path.exists(os.path.join(live_dir, LOG_NAME)):
-        return []
-    return LiveLog(live_dir).read(0)[0]
+def live_rows(live_dir: Optional[str]) -> Optional[pa.Table]:
+    """Every committed live row (for components that load them once, e.g. at start); None when there are none."""
+    if not live_dir:
+        return None
+    return LiveLog(live_dir).poll()
 
 
-def embeddings_of_tables(paths: Sequence[str]) -> Tuple[List[str], np.ndarray]:
-    """image_id and image_embedding columns of some live tables."""
-    if not paths:
+def embeddings_of_tables(items: Sequence) -> Tuple[List[str], np.ndarray]:
+    """image_id and image_embedding columns of live rows: Arrow tables (what `LiveLog.read` returns) or table paths."""
+    if not items:
         return [], np.zeros((0, 0), np.float32)
-    table, _ = read_token_tables(paths, columns=["image_id", "image_embedding"])
+    tables = [t if isinstance(t, pa.Table) else read_token_tables([t], columns=["image_id", "image_embedding"])[0]
+              for t in items]
+    table = pa.concat_tables([t.select(["image_id", "image_embedding"]) for t in tables])
     return table.column("image_id").to_pylist(), vector_matrix(table.column("image_embedding"))

@@ -459,7 +459,7 @@ class LiveLog:
         if (ino, size) != (self.cursor.log_ino, self.cursor.log_off) or _sig(self.manifest_path) != self.cursor.manifest:
             raise RuntimeError("the live log moved since this reader's last poll: poll_locked() under the lock first")
         seq = self.cursor.seq + 1
-        data = record(seq, table.cast(self.cursor.schema).combine_chunks().to_batches()[0])
+        data = record(seq, table.combine_chunks().to_batches()[0])  # a batch holds no names: no cast needed
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             if os.write(fd, data) != len(data):
@@ -702,7 +702,7 @@ def _first_of_each_id(table: pa.Table, lo: List[int], hi: List[int], known: froz
             keep.append(i)
     if len(keep) == table.num_rows:
         return table, lo, hi
-    return table.take(keep), [lo[i] for i in keep], [hi[i] for i in keep]
+    return table.take(pa.array(keep, pa.int64())), [lo[i] for i in keep], [hi[i] for i in keep]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

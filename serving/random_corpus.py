@@ -4,6 +4,10 @@ Writes a random-initialised EDJE checkpoint, the weights of its (random) backbon
 tower can be reloaded, compressed token tables made by running the checkpoint's adapter over the
 backbone's tokens of random images, a raw table with captions + text embeddings, and an annotation
 JSON. Everything the serving stack loads goes through the same code paths as trained artefacts.
+
+`write_synthetic_tables` writes corpora of any size (millions of rows) for scale tests: random token rows in a
+given table layout (no model runs) and pooled embeddings drawn around cluster centres, so that an IVF index has
+structure to find; one table at a time, so memory stays flat.
 """
 from __future__ import annotations
 
@@ -11,14 +15,14 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from edje.schemas.config import EDJEConfig
-from edje.schemas.token_table import TableMetadata, build_table, write_token_table
+from edje.schemas.token_table import TableMetadata, build_table, build_table_from_blobs, write_token_table
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange"]
 SHAPES = ["circle", "square", "triangle", "star"]
@@ -94,6 +98,75 @@ def write_random_corpus(out_dir: str, config: EDJEConfig, num_images: int = 48, 
         json.dump([{"image": f"images/{i}.jpg", "caption": [c, f"{c} on a grey background"], "image_id": i}
                    for i, c in zip(ids, captions)], f)
     return RandomCorpus(ckpt, weights, tables, raw, annotations, ids, captions, config)
+
+
+@dataclass(frozen=True)
+class SyntheticRows:
+    """How `write_synthetic_tables` draws a corpus: rows per table file, embedding clusters, seed."""
+
+    rows_per_table: int = 100_000
+    clusters: int = 1000
+    noise: float = 0.5  # of a unit-norm Gaussian added to the unit centre, before renormalising
+    seed: int = 0
+    url_prefix: Optional[str] = "https://images.example/"
+
+
+def synthetic_metadata(num_tokens: int = 16, width: int = 128, embed_dim: int = 128, quantization: str = "int8",
+                       adapter_hash: str = "synthetic0000000") -> TableMetadata:
+    """Compressed-table metadata of no real model (tests of storage and serving paths that score nothing)."""
+    return TableMetadata(kind="compressed", backbone="edje-tiny-clip", pretrained=None, feature_layer="final",
+                         num_tokens=num_tokens, width=width, quantization=quantization, embed_dim=embed_dim,
+                         adapter_hash=adapter_hash)
+
+
+def synthetic_ids(start: int, stop: int) -> List[str]:
+    """Image ids of synthetic rows start..stop-1 (zero-padded: their order is the numeric order)."""
+    return [f"img_{i:09d}" for i in range(start, stop)]
+
+
+def synthetic_rows(meta: TableMetadata, start: int, stop: int, spec: SyntheticRows = SyntheticRows()):
+    """(blob uint8 [B, blob_bytes], scales fp16 or None, embeddings float32 [B, e]) of rows start..stop-1, the same
+    for the same rows whatever the table split."""
+    codec, b = meta.codec, stop - start
+    centres = np.random.default_rng(spec.seed).standard_normal((spec.clusters, meta.embed_dim)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    rng = np.random.default_rng([spec.seed, start])
+    blob = np.frombuffer(rng.bytes(b * codec.blob_bytes), np.uint8).reshape(b, codec.blob_bytes)
+    if codec.quantization == "int4":
+        blob = (blob & 0x77) + 0x11  # nibbles 1..15 around the offset 8: values -7..7 as the codec stores them
+    scales = None
+    if codec.num_scales:  # int8 steps of tokens of absmax ~0.5-4 (a LayerNorm'd adapter's range)
+        scales = rng.uniform(0.004, 0.03, (b, codec.num_scales)).astype("<f2")
+    noise = rng.standard_normal((b, meta.embed_dim)).astype(np.float32) / np.sqrt(meta.embed_dim)
+    emb = centres[rng.integers(0, spec.clusters, b)] + spec.noise * noise
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    return blob, scales, emb
+
+
+def write_synthetic_tables(out_dir: str, meta: TableMetadata, num_rows: int,
+                           spec: SyntheticRows = SyntheticRows()) -> List[str]:
+    """Write num_rows synthetic rows as token tables of `meta`'s layout under out_dir (one table in memory at a
+    time); tables already there with the expected name are kept (an interrupted build resumes)."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for part, (start, stop) in enumerate(_spans(num_rows, spec.rows_per_table)):
+        path = os.path.join(out_dir, f"synthetic-{part:05d}-{stop - start}.parquet")
+        paths.append(path)
+        if os.path.exists(path):
+            continue
+        ids = synthetic_ids(start, stop)
+        blob, scales, emb = synthetic_rows(meta, start, stop, spec)
+        urls = [f"{spec.url_prefix}{i}.jpg" for i in ids] if spec.url_prefix else None
+        tmp = path + ".tmp"
+        write_token_table(build_table_from_blobs(meta, ids, blob, scales, emb, urls=urls), tmp)
+        os.replace(tmp, path)  # complete tables only under their name
+    return paths
+
+
+def _spans(n: int, step: int) -> Iterator[tuple]:
+    """(start, stop) of consecutive spans of at most `step` rows covering 0..n-1."""
+    for start in range(0, n, step):
+        yield start, min(n, start + step)
 
 
 def tiny_config() -> EDJEConfig:

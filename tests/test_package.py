@@ -2,6 +2,7 @@
 `ray job submit` runs still working from a checkout."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -41,8 +42,11 @@ def test_the_console_script_is_installed():
 
 @pytest.mark.slow
 def test_the_wheel_installs_exactly_one_top_level_name(tmp_path):
+    leftover = not (ROOT / "build").exists()  # setuptools builds in the source tree's build/: remove what we made
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
                     str(ROOT)], check=True, capture_output=True, text=True)
+    if leftover:
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
     wheel = next(tmp_path.glob("*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}

@@ -257,7 +257,7 @@ def test_group_masking_weights_make_relation_words_the_masked_group(minilm_path)
 
 
 def test_flip_relations_reverses_every_spatial_word_and_nothing_else():
-    from edje.model.relation_roles import flip_relations
+    from edje.training.caption_rewrites import flip_relations
     assert flip_relations("a red circle to the left of a blue square") == "a red circle to the right of a blue square"
     assert flip_relations("Above it, a star; a disc is under the star") == "Below it, a star; a disc is over the star"
     assert flip_relations("a star between a disc on the left and a cross on the right") == (

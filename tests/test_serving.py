@@ -66,8 +66,10 @@ def served(ray_local, corpus, tmp_path_factory):
     serve.run(build(cfg), name="edje", route_prefix="/")
     miner_only = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.annotations,), auth_token_env=None)
     serve.run(build(miner_only), name="miner", route_prefix="/miner")
+    # Admits one request at a time and holds one more: the overload test's app (its other tests call it one by one).
     no_miner = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,
-                           reranker=DeploymentResources(num_cpus=0.25))
+                           reranker=DeploymentResources(num_cpus=0.25),
+                           ingress=DeploymentResources(max_ongoing_requests=1, max_queued_requests=1))
     serve.run(build(no_miner), name="nominer", route_prefix="/nominer")
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {TOKEN}"
@@ -140,8 +142,8 @@ def test_rerank_cohere_shape(served, corpus, reference):
 def test_document_objects_resolve_to_their_images(served, corpus, reference):
     url, http = served
     ids = corpus.image_ids
-    docs = [{"text": ids[0]}, {"id": ids[1]}, ids[2], {"image_id": ids[3]}, {"image": ids[4]},
-            {"id": ids[5], "text": ids[6]}]  # both keys: "id" wins
+    docs = [ids[0], {"id": ids[1]}, ids[2], {"image_id": ids[3]}, {"image": ids[4]},
+            {"id": ids[5], "text": ids[6]}]  # a text beside an id is ignored: the id names the image
     meant = ids[:6]
     query = corpus.captions[1]
     r = http.post(url + "/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True})
@@ -151,6 +153,30 @@ def test_document_objects_resolve_to_their_images(served, corpus, reference):
     np.testing.assert_allclose([got[i]["relevance_score"] for i in range(6)], reference([query] * 6, meant), atol=1e-4)
     r = http.post(url + "/v1/rerank", json={"query": query, "documents": [{"id": 7}]})
     assert r.status_code == 422, r.text
+    # A text document (Jina's {"text": ...}) is not read as an image id: 422 saying what the server ranks.
+    r = http.post(url + "/v1/rerank", json={"query": query, "documents": [{"text": ids[0]}]})
+    assert r.status_code == 422 and "documents.0: this server ranks images" in r.json()["message"], r.text
+
+
+def test_an_over_long_query_is_scored_as_its_first_wordpieces_or_refused(served, corpus, reference):
+    """truncate (default true): the query scores as the joint encoder reads it, its first max_text_tokens
+    wordpieces, and meta says so; truncate false: 413 naming the limit."""
+    from edje.serving.ingress import TextLimit
+
+    url, http = served
+    limit = TextLimit.of_checkpoint(corpus.checkpoint, {"config": {"encoder": {"max_text_tokens": 64}}})
+    query = " ".join(corpus.captions[2].split() + ["red"] * 80)
+    n = limit.count([query])[0]
+    assert n > 80 and corpus.config.encoder.max_text_tokens == 64
+    docs = corpus.image_ids[:5]
+    r = http.post(url + "/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta"]["truncated"] == {"kept": 64, "query_tokens": n}
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    longer = query + " and a blue square beyond the cut"  # same first 64 wordpieces: the same scores
+    np.testing.assert_allclose([got[i] for i in range(5)], reference([longer] * 5, docs), atol=1e-4)
+    r = http.post(url + "/v2/rerank", json={"query": query, "documents": docs, "truncate": False})
+    assert r.status_code == 413 and f"{n} wordpieces, more than the 64" in r.json()["detail"], r.text
 
 
 def test_rerank_texts_ranks_captions_for_an_image(served, corpus, reference):
@@ -403,6 +429,30 @@ def test_a_route_that_is_not_deployed_is_404_and_absent_from_openapi(served, cor
     assert "/v1/negatives" not in requests.get(url + "/nominer/openapi.json").json()["paths"]
     r = requests.post(url + "/nominer/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:2]})
     assert r.status_code == 200, r.text
+
+
+def test_overload_is_refused_at_once_with_503_and_retry_after(served, corpus):
+    """Beyond the ingress's max_ongoing_requests + max_queued_requests, Serve's proxy answers 503 with Retry-After at
+    once instead of holding the request; the admitted ones are answered."""
+    url, _ = served
+    start = threading.Barrier(16)
+    body = {"query": corpus.captions[0], "documents": corpus.image_ids[:8]}
+
+    def call(_):
+        start.wait()
+        t0 = time.perf_counter()
+        r = requests.post(url + "/nominer/v1/rerank", json=body, timeout=120)
+        return r.status_code, r.headers.get("Retry-After"), time.perf_counter() - t0, r.text
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(call, range(16)))
+    refused = [g for g in got if g[0] == 503]
+    assert refused and any(g[0] == 200 for g in got), [g[:3] for g in got]
+    assert {g[0] for g in got} <= {200, 503}, [g[:3] for g in got]
+    assert all(g[1] == "1" for g in refused), refused  # ServeConfig.retry_after_s
+    assert all("backpressure" in g[3] for g in refused), refused[0][3]  # Serve's own refusal, not a failed request
+    # Refused without waiting for the admitted requests (each holds the one ingress slot for a forward pass).
+    assert max(g[2] for g in refused) < min(g[2] for g in got if g[0] == 200) + 0.5, [g[:3] for g in got]
 
 
 def _replicas_seen(url, http, corpus, n=24):

@@ -1,7 +1,7 @@
 """Live images over real HTTP on loopback: POST /v1/images, image documents by url and base64, bad input, restart.
 
 One Serve app with two reranker replicas and a live folder; images are served to it by the sample
-world's loopback file server. The restart test runs last.
+world's loopback file server. The restart test runs last (and compacts the live log before redeploying).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from PIL import Image
 from edje.sampleworld.server import serve_directory
 from edje.serving.config import DeploymentResources, ServeConfig
 from edje.serving.ingress import REPLICA_HEADER
+from edje.serving.live_log import LiveLog
 from edje.serving.random_corpus import write_random_corpus
 from edje.serving.startup import StartupConfig
 
@@ -211,10 +212,11 @@ def test_added_images_survive_a_restart(served, images, corpus):
     assert new_id.startswith("live-") and r.json()["sha256"].startswith(new_id[5:])
     query = corpus.captions[7]
     before, _ = _raw(http, url, query, ["copy-0", new_id, "img_00001"])
-    tables = os.listdir(os.path.join(cfg.live_dir, "tables"))
-    assert len([t for t in tables if t.endswith(".parquet")]) == 2  # one token table per added image
+    live = LiveLog(cfg.live_dir)
+    assert live.poll().num_rows == 2 and not os.path.exists(os.path.join(cfg.live_dir, "tables"))  # no file per image
 
     serve.delete("live")
+    assert live.compact()["rows"] == 2  # the redeployed replicas read the images from a compacted part
     serve.run(build(cfg), name="live", route_prefix="/")
     after, _ = _raw(http, url, query, ["copy-0", new_id, "img_00001"])
     np.testing.assert_allclose(after, before, atol=1e-5)

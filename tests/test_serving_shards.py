@@ -1,12 +1,18 @@
-"""A corpus in three shards on a three-node Ray cluster answers as the one-shard server does.
+"""A corpus in three shards on a three-node Ray cluster answers as the one-shard server does; a shard with two
+replicas keeps answering when one of them is killed.
 
 Real parts: ray.cluster_utils.Cluster (three raylets), Ray Serve with one FirstStage and one Reranker deployment
 per shard, HTTP on loopback. Checked: each shard's store holds about a third of the token bytes (read from the
 replicas), 50 searches give the same ids and scores as one shard, a live add lands on the shard its id hashes
-to and is still served after the application is deployed again.
+to and is still served after the application is deployed again. With `replicas_per_shard=2` (a local Ray), a
+Reranker and a FirstStage replica of one shard are killed under load and no request fails. In-process: a sharded
+text search embeds its query once, and the miner rescores each pair on the shard that owns its image.
 """
 import base64
 import io
+import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +20,10 @@ import requests
 
 from edje.model.shards import filter_shard, shard_of
 from edje.serving.shards import merge_hits
+from edje.serving.startup import StartupConfig
+
+# The project's Serve proxy health checks (serving.startup): a local Ray started here inherits them.
+os.environ.update(StartupConfig().env())
 
 
 def test_shard_of_is_stable_and_spreads_ids():
@@ -148,6 +158,31 @@ def test_serve_flags_choose_shards_and_index(tmp_path):
         cfg.replace(shard=3)
 
 
+def test_replicas_per_shard_and_admission_reach_the_deployment_options(tmp_path):
+    from edje.jobs.serve import config_from_args, parse
+    from edje.serving.config import DeploymentResources
+
+    (tmp_path / "t.parquet").write_bytes(b"")
+    flags = ["--checkpoint", "c", "--tokens", str(tmp_path / "t.parquet"), "--shards", "2"]
+    cfg = config_from_args(parse(flags + ["--replicas-per-shard", "3", "--ingress-max-ongoing", "8",
+                                          "--ingress-max-queued", "4", "--retry-after", "2"]))
+    assert (cfg.replicas_per_shard, cfg.retry_after_s) == (3, 2.0)
+    assert cfg.first_stage.options(cfg.replicas_per_shard)["num_replicas"] == 3
+    assert cfg.reranker.options(cfg.replicas_per_shard)["num_replicas"] == 3
+    ingress = cfg.ingress.options()
+    assert (ingress["max_ongoing_requests"], ingress["max_queued_requests"]) == (8, 4) and "num_replicas" not in ingress
+    # A deployment's own replica count wins; one replica per shard leaves the count to Serve (or a config file).
+    assert config_from_args(parse(flags + ["--replicas-per-shard", "2", "--reranker-replicas", "5"])).reranker.options(2)[
+        "num_replicas"] == 5
+    assert "num_replicas" not in config_from_args(parse(flags)).reranker.options(1)
+    default = config_from_args(parse(flags)).ingress.options()
+    assert (default["max_ongoing_requests"], default["max_queued_requests"]) == (64, 64)
+    with pytest.raises(ValueError, match="replicas_per_shard"):
+        cfg.replace(replicas_per_shard=0)
+    with pytest.raises(ValueError, match="max_queued_requests"):
+        DeploymentResources(max_queued_requests=0)  # Serve would refuse every request
+
+
 # ------------------------------------------------------------------------------------------ in-process fan-out
 class _Handle:
     """A deployment stand-in over a plain core (FirstStage, RerankerCore): `h.method.remote(*args)` calls the core's
@@ -237,3 +272,84 @@ def test_the_miner_rescores_each_pair_on_the_shard_that_owns_its_image(random_co
                                    [n["itm_logit"] for n in b["negative_images"]], atol=1e-4)
         assert [n["caption"] for n in a["negative_captions"]] == [n["caption"] for n in b["negative_captions"]]
     assert [h.calls for h in shards] == [["score_pairs"], ["score_pairs"]]  # one call per shard for the whole batch
+
+
+# ------------------------------------------------------------------------------------------ replicas per shard
+def _replica_actors(app: str, deployment: str):
+    """Names of the live replica actors of one deployment (Serve names them SERVE_REPLICA::<app>#<deployment>#<id>)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix))
+
+
+@pytest.mark.slow
+def test_a_shard_keeps_answering_when_one_of_its_replicas_is_killed(ray_local, tmp_path):
+    import ray
+    from ray import serve
+    from world_serving import CHECKPOINT, encode_world, start_app
+
+    from edje.serving.config import DeploymentResources, ServeConfig
+
+    world = encode_world(tmp_path, seed=515, n_test=60, base_url="http://127.0.0.1:9")
+    cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(world.table,), caption_sources=(world.annotations,),
+                      auth_token_env=None, torch_threads=1, shards=2, replicas_per_shard=2,
+                      reranker=DeploymentResources(num_cpus=0.1, max_ongoing_requests=64),
+                      first_stage=DeploymentResources(num_cpus=0.1), ingress=DeploymentResources(num_cpus=0.1),
+                      miner=DeploymentResources(num_cpus=0.1))
+    try:
+        base = start_app(cfg)
+        for dep in ("Reranker-0", "Reranker-1", "FirstStage-0", "FirstStage-1"):
+            assert len(_replica_actors("edje", dep)) == 2, dep  # replicas_per_shard replicas of each
+        victim_shard = shard_of(world.image_ids[0], 2)
+        own = [i for i in world.image_ids if shard_of(i, 2) == victim_shard]
+        caption = world.captions[world.image_ids.index(own[0])]
+        search = {"query": caption, "top_k": 10}
+        rerank = {"query": caption, "documents": own[:8], "raw_scores": True}
+        before = requests.post(f"{base}/v1/rerank", json=rerank, timeout=120).json()["results"]
+        found = requests.post(f"{base}/v1/search", json=search, timeout=120).json()["results"]
+        assert any(shard_of(r["image_id"], 2) == victim_shard for r in found)  # the shard's images are searched
+
+        statuses, stop = [], threading.Event()
+
+        def load(route, body):
+            with requests.Session() as http:
+                while not stop.is_set():
+                    try:
+                        statuses.append((route, http.post(base + route, json=body, timeout=60).status_code))
+                    except requests.RequestException as e:
+                        statuses.append((route, type(e).__name__))
+
+        threads = [threading.Thread(target=load, args=args) for args in
+                   (("/v1/search", search), ("/v1/rerank", rerank), ("/v1/search", search), ("/v1/rerank", rerank))]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        killed = [_replica_actors("edje", f"{kind}-{victim_shard}")[0] for kind in ("Reranker", "FirstStage")]
+        for name in killed:
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        at = len(statuses)
+        time.sleep(10.0)
+        stop.set()
+        for t in threads:
+            t.join(120)
+        after_kill = statuses[at:]
+        assert len(after_kill) >= 8 and {r for r, _ in after_kill} == {"/v1/search", "/v1/rerank"}, statuses
+        assert all(code == 200 for _, code in statuses), sorted(set(statuses))  # the other replica answered every one
+
+        # The shard's images are still scored the same, and searched.
+        again = requests.post(f"{base}/v1/rerank", json=rerank, timeout=120).json()["results"]
+        assert [(r["index"], round(r["relevance_score"], 4)) for r in again] == \
+               [(r["index"], round(r["relevance_score"], 4)) for r in before]
+        hits = requests.post(f"{base}/v1/search", json=search, timeout=120).json()["results"]
+        assert [r["image_id"] for r in hits] == [r["image_id"] for r in found]
+
+        # The miner rescores through both shards' rerankers (each pair where its image lives).
+        pairs = [{"image_id": i, "caption": world.captions[n]} for n, i in enumerate(world.image_ids[:4])]
+        r = requests.post(f"{base}/v1/negatives", json={"pairs": pairs, "k": 3, "rescore": True, "pool": 12}, timeout=120)
+        assert r.status_code == 200 and r.json()["rescored"], r.text
+        negatives = [n for row in r.json()["negatives"] for n in row["negative_images"]]
+        assert all(n["itm_logit"] is not None for n in negatives)
+        assert {shard_of(n["image_id"], 2) for n in negatives} == {0, 1}
+    finally:
+        serve.shutdown()

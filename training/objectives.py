@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from edje.model.edje import EDJEModel
-from edje.model.relation_roles import flip_relations
 from edje.training.batches import TrainBatch
+from edje.training.caption_rewrites import flip_relations
 from edje.training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
 from edje.training.masking import PieceGroups
 from edje.training.negatives import Negatives

@@ -1,0 +1,322 @@
+"""The live log (serving/live_log.py): appends, compaction into bounded parts, crashes at every step of a
+compaction, torn records, the one-table-per-image layout it replaces, two processes adding at once.
+
+No Ray and no model: rows are random token rows of the default codec's shape (16 tokens x 128, int8).
+A compaction killed at a named step runs in a child process (`EDJE_LIVE_LOG_CRASH_AT`, os._exit there);
+the folder is then opened again, as a restarted replica would, and every row must be there exactly once
+with the bytes it was added with.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from edje.model.token_encoder import EncodedImages
+from edje.model.token_store import TokenStore
+from edje.schemas.token_table import (
+    TableMetadata,
+    blob_matrix,
+    build_table_from_blobs,
+    read_metadata,
+    read_token_tables,
+    vector_matrix,
+    write_token_table,
+)
+from edje.serving.live_images import LiveImages, embeddings_of_tables, live_rows
+from edje.serving.live_log import (
+    CRASH_ENV,
+    CRASH_EXIT,
+    CRASH_STEPS,
+    LEGACY_LOG,
+    MAGIC,
+    LiveLog,
+    LiveLogConfig,
+    LiveLogCorrupt,
+    read_manifest,
+    scan,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+META = TableMetadata(kind="compressed", backbone="edje-tiny-convvit", pretrained=None, feature_layer="last",
+                     num_tokens=16, width=128, quantization="int8", embed_dim=128, adapter_hash="abc")
+EXPECTED = dict(kind="compressed", adapter_hash="abc", num_tokens=16, width=128, quantization="int8")
+
+
+def _rows(ids, seed: int = 0) -> pa.Table:
+    """A token table of random rows for `ids` (what an add commits)."""
+    rng = np.random.default_rng(seed)
+    n = len(ids)
+    return build_table_from_blobs(META, list(ids), rng.integers(0, 256, (n, META.codec.blob_bytes), dtype=np.uint8),
+                                  rng.random((n, META.codec.num_scales)).astype("<f2"),
+                                  rng.standard_normal((n, META.embed_dim)).astype(np.float32),
+                                  urls=[f"http://x/{i}" for i in ids])
+
+
+def _encoded(table: pa.Table) -> EncodedImages:
+    """A table's rows as the encoder gives them."""
+    codec = META.codec
+    return EncodedImages(blob_matrix(table.column("tokens"), codec.blob_bytes).copy(),
+                         blob_matrix(table.column("token_scales"), 2 * codec.num_scales).view("<f2").copy(),
+                         vector_matrix(table.column("image_embedding")))
+
+
+def _add(live: LiveLog, table: pa.Table) -> None:
+    """One add the way a replica commits it: under the lock, after reading what others appended."""
+    with live.locked():
+        live.poll_locked()
+        live.append(table)
+
+
+def _by_id(table: pa.Table) -> dict:
+    """image_id -> (token bytes, scale bytes, embedding, url); asserts each id is there once."""
+    ids = table.column("image_id").to_pylist()
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    cols = [table.column(c).to_pylist() for c in ("tokens", "token_scales", "image_embedding", "url")]
+    return {i: tuple(c[k] for c in cols) for k, i in enumerate(ids)}
+
+
+def _everything(live_dir) -> dict:
+    """What a replica starting now over the folder reads."""
+    table = LiveLog(str(live_dir), expected=EXPECTED).poll()
+    return {} if table is None else _by_id(table)
+
+
+def _leftovers(live_dir: Path) -> list:
+    """Files no committed state names: sealed segments, temp files, parts MANIFEST does not list."""
+    manifest, _ = read_manifest(str(live_dir / "MANIFEST"))
+    named = {p.name for p in manifest.parts}
+    parts = sorted(p.name for p in (live_dir / "parts").iterdir()) if (live_dir / "parts").is_dir() else []
+    wal = sorted(p.name for p in (live_dir / "wal").iterdir()) if (live_dir / "wal").is_dir() else []
+    return [n for n in parts if n not in named] + wal + [p.name for p in live_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_appends_reach_every_reader_with_their_bytes(tmp_path):
+    writer, reader = LiveLog(str(tmp_path)), LiveLog(str(tmp_path), expected=EXPECTED)
+    assert reader.poll() is None and not reader.changed()
+    added = _rows([f"a{i}" for i in range(5)])
+    for i in range(5):
+        _add(writer, added.slice(i, 1))
+    assert reader.changed()
+    assert _by_id(reader.poll()) == _by_id(added)
+    assert reader.poll() is None and not reader.changed()  # two stats, nothing new
+    _add(writer, _rows(["a5"], seed=1))
+    assert reader.poll().column("image_id").to_pylist() == ["a5"]
+    assert (tmp_path / "LOG").read_bytes()[:8] == MAGIC and not (tmp_path / "tables").exists()
+    assert _everything(tmp_path).keys() == {f"a{i}" for i in range(6)}
+
+
+def test_compaction_writes_bounded_parts_in_the_tables_format(tmp_path):
+    live = LiveLog(str(tmp_path), LiveLogConfig(part_rows=4))
+    added = _rows([f"c{i:02d}" for i in range(10)])
+    for i in range(10):
+        _add(live, added.slice(i, 1))
+    done = live.compact()
+    assert [p["rows"] for p in done["parts"]] == [4, 4, 2] and done["through"] == 10
+    assert live.files() == dict(log=1, segments=0, parts=3, manifest=1) and _leftovers(tmp_path) == []
+    parts = sorted(str(p) for p in (tmp_path / "parts").glob("*.parquet"))
+    assert all(read_metadata(p) == META for p in parts)  # the served tables' metadata, read by the usual reader
+    table, _ = read_token_tables(parts, **EXPECTED)
+    assert _by_id(table) == _by_id(added) == _everything(tmp_path)
+    # More rows fill the small last part first (merged, then dropped), so parts stay near the bound.
+    more = _rows([f"c{i:02d}" for i in range(10, 13)], seed=2)
+    for i in range(3):
+        _add(live, more.slice(i, 1))
+    done = live.compact()
+    assert done["merged"] and [p["rows"] for p in done["parts"]] == [4, 1]
+    assert [p.rows for p in read_manifest(str(tmp_path / "MANIFEST"))[0].parts] == [4, 4, 4, 1]
+    assert _leftovers(tmp_path) == [] and len(list((tmp_path / "parts").iterdir())) == 4
+    assert _everything(tmp_path) == {**_by_id(added), **_by_id(more)}
+    # A byte bound smaller than four rows cuts parts by bytes instead.
+    small = LiveLog(str(tmp_path / "b"), LiveLogConfig(part_rows=100, part_bytes=3 * added.slice(0, 4).nbytes // 4))
+    for i in range(10):
+        _add(small, added.slice(i, 1))
+    assert [p["rows"] for p in small.compact()["parts"]] == [3, 3, 3, 1]
+
+
+def test_replicas_adding_and_compacting_each_hold_every_image_once(tmp_path):
+    base = str(tmp_path / "base.parquet")
+    write_token_table(_rows(["base-0"], seed=9), base)
+    live_dir = tmp_path / "live"
+
+    def replica():
+        return LiveImages(TokenStore.load([base]), None, torch.device("cpu"), str(live_dir), 10 ** 6, 4,
+                          LiveLogConfig(part_rows=4, compact_rows=3, background=False))
+
+    a, b = replica(), replica()
+    added = _rows([f"r{i}" for i in range(11)], seed=3)
+    for i in range(11):
+        rows = _encoded(added.slice(i, 1))
+        got = (a if i % 2 else b).add_encoded(f"r{i}", rows, f"http://x/r{i}", data=b"png bytes")
+        assert got.status == 200, got.detail
+        if i % 3 == 0:
+            a.sync(), b.sync()
+    assert a.compactions and b.compactions  # both replicas filled LOG at some point and compacted it
+    a.sync(), b.sync()
+    for replica_ in (a, b):
+        assert len(replica_.store) == 12
+        got = replica_.store.gather_blobs([f"r{i}" for i in range(11)])
+        np.testing.assert_array_equal(got.blob, _encoded(added).blob)
+        np.testing.assert_array_equal(got.scales, _encoded(added).scales)
+    assert a.add_encoded("r4", rows).status == 409  # taken, although added by the other replica before a compaction
+    assert _everything(live_dir) == _by_id(added)
+    assert live_rows(str(live_dir)).num_rows == 11
+
+
+@pytest.mark.parametrize("step", [s for s in CRASH_STEPS if s != "legacy_appended"])
+def test_a_compaction_killed_at_any_step_loses_nothing(tmp_path, step):
+    live = LiveLog(str(tmp_path), LiveLogConfig(part_rows=4))
+    first, second = _rows([f"k{i:02d}" for i in range(6)]), _rows([f"k{i:02d}" for i in range(6, 13)], seed=4)
+    for i in range(6):
+        _add(live, first.slice(i, 1))
+    live.compact()  # parts of 4 and 2 rows: the next compaction merges the small one (every step is reached)
+    for i in range(7):
+        _add(live, second.slice(i, 1))
+    cmd = [sys.executable, "-m", "edje.serving.live_log", "compact", str(tmp_path), "--part-rows", "4"]
+    out = subprocess.run(cmd, env={**os.environ, CRASH_ENV: step}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == CRASH_EXIT, (step, out.returncode, out.stderr[-2000:])  # it died where it was told to
+
+    want = {**_by_id(first), **_by_id(second)}
+    assert _everything(tmp_path) == want  # the restarted replica's view: each image once, the same bytes
+    after = _rows(["k13", "k14"], seed=5)
+    writer = LiveLog(str(tmp_path), LiveLogConfig(part_rows=4))
+    for i in range(2):
+        _add(writer, after.slice(i, 1))  # adds go on over the interrupted compaction
+    assert _everything(tmp_path) == {**want, **_by_id(after)}
+    writer.compact()  # the next compaction finishes the job and leaves nothing behind
+    assert _leftovers(tmp_path) == [] and writer.files()["segments"] == 0
+    assert _everything(tmp_path) == {**want, **_by_id(after)}
+    assert all(p.rows <= 4 for p in read_manifest(str(tmp_path / "MANIFEST"))[0].parts)
+
+
+def _log_end_of_records(path: Path) -> list:
+    """Byte offsets where LOG's records end (after the header)."""
+    data = memoryview(path.read_bytes())
+    from edje.serving.live_log import parse_header
+    _, _, start = parse_header(data, str(path))
+    recs, _, _ = scan(data, start, str(path))
+    return [b + (-(b - a) % 8) for _, a, b in recs]
+
+
+@pytest.mark.parametrize("cut", ["mid_payload", "mid_header", "zero_tail"])
+def test_a_torn_last_record_is_skipped_with_a_warning_then_cut_off(tmp_path, cut):
+    writer, running = LiveLog(str(tmp_path)), LiveLog(str(tmp_path))
+    added = _rows([f"t{i}" for i in range(5)])
+    for i in range(5):
+        _add(writer, added.slice(i, 1))
+        if i == 3:
+            running.poll()  # a replica that was running when the last add died
+    log_path = tmp_path / "LOG"
+    ends = _log_end_of_records(log_path)
+    if cut == "mid_payload":  # the last add died while writing its rows
+        os.truncate(log_path, ends[-1] - 700)
+        kept, good_end = 4, ends[-2]
+    elif cut == "mid_header":  # ... while writing the record's first bytes
+        os.truncate(log_path, ends[-2] + 7)
+        kept, good_end = 4, ends[-2]
+    else:  # a file system that grew the file before writing the data (zeros)
+        with open(log_path, "ab") as f:
+            f.write(b"\0" * 3000)
+        kept, good_end = 5, ends[-1]
+
+    size = log_path.stat().st_size
+    running.poll()  # not a start-up poll, no lock: it never cuts (for all it knows, a write is in flight)
+    assert log_path.stat().st_size == size and running.repairs == []
+    reader = LiveLog(str(tmp_path), expected=EXPECTED)
+    assert _by_id(reader.poll()) == _by_id(added.slice(0, kept))  # a start-up poll: no crash ...
+    assert len(reader.repairs) == 1 and "cut short" in reader.repairs[0]  # ... a warning ...
+    assert log_path.stat().st_size == good_end  # ... and the torn bytes are gone
+    later = _rows(["t9"], seed=6)
+    _add(LiveLog(str(tmp_path)), later)  # appends go on after the last whole record
+    assert _everything(tmp_path) == {**_by_id(added.slice(0, kept)), **_by_id(later)}
+    assert reader.poll().column("image_id").to_pylist() == ["t9"]
+
+
+def test_a_damaged_record_with_records_after_it_is_an_error_not_a_silent_loss(tmp_path):
+    writer = LiveLog(str(tmp_path))
+    added = _rows([f"d{i}" for i in range(3)])
+    for i in range(3):
+        _add(writer, added.slice(i, 1))
+    ends = _log_end_of_records(tmp_path / "LOG")
+    data = bytearray((tmp_path / "LOG").read_bytes())
+    data[ends[0] + 100] ^= 0xFF  # a flipped bit in the second of three records
+    (tmp_path / "LOG").write_bytes(bytes(data))
+    with pytest.raises(LiveLogCorrupt, match="checksum"):
+        LiveLog(str(tmp_path)).poll()
+
+
+def test_the_first_stage_interface_reads_rows_once(tmp_path):
+    writer, first_stage = LiveLog(str(tmp_path)), LiveLog(str(tmp_path))
+    offset = 0
+    assert first_stage.size() != offset
+    got, offset = first_stage.read(offset)
+    assert got == [] and first_stage.size() == offset
+    added = _rows(["f0", "f1"])
+    _add(writer, added)
+    assert first_stage.size() != offset
+    got, offset = first_stage.read(offset)
+    ids, vectors = embeddings_of_tables(got)
+    assert ids == ["f0", "f1"] and first_stage.size() == offset
+    np.testing.assert_array_equal(vectors, np.array(added.column("image_embedding").to_pylist(), np.float32))
+    writer.compact()
+    assert first_stage.size() != offset  # a compaction changes MANIFEST: the reader looks, finds nothing new
+    got, offset = first_stage.read(offset)
+    assert got == [] and first_stage.size() == offset
+
+
+def _legacy_folder(live_dir: Path, table: pa.Table) -> None:
+    """The layout before the log: one token table per image under tables/, one line per table in a text LOG."""
+    (live_dir / "tables").mkdir(parents=True)
+    lines = []
+    for i in range(table.num_rows):
+        name = f"{i * 30:012d}-{i:016x}.parquet"
+        write_token_table(table.slice(i, 1), str(live_dir / "tables" / name))
+        lines.append(name + "\n")
+    (live_dir / "LOG").write_text("".join(lines))
+
+
+def test_a_folder_of_one_table_per_image_moves_into_the_log_once(tmp_path):
+    legacy = _rows([f"old{i}" for i in range(4)])
+    _legacy_folder(tmp_path, legacy)
+    cmd = [sys.executable, "-m", "edje.serving.live_log", "files", str(tmp_path)]
+    out = subprocess.run(cmd, env={**os.environ, CRASH_ENV: "legacy_appended"}, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == CRASH_EXIT, out.stderr[-2000:]  # rows appended, LOG.v1 and the tables still there
+    assert (tmp_path / LEGACY_LOG).exists() and len(list((tmp_path / "tables").iterdir())) == 4
+    assert _everything(tmp_path) == _by_id(legacy)  # opening again finishes the move without doubling a row
+    assert not (tmp_path / LEGACY_LOG).exists() and not (tmp_path / "tables").exists()
+    _add(LiveLog(str(tmp_path)), _rows(["new0"], seed=7))
+    assert _everything(tmp_path).keys() == {"old0", "old1", "old2", "old3", "new0"}
+
+
+def test_two_processes_adding_and_compacting_at_once_keep_every_row_once(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        from test_live_log import _add, _rows
+        from edje.serving.live_log import LiveLog, LiveLogConfig
+        tag = sys.argv[1]
+        live = LiveLog({str(tmp_path)!r}, LiveLogConfig(part_rows=16, compact_rows=10))
+        rows = _rows([f"{{tag}}-{{i}}" for i in range(40)], seed=len(tag))
+        for i in range(40):
+            _add(live, rows.slice(i, 1))
+            if live.wants_compaction():
+                live.compact()
+        print("done", flush=True)
+        os._exit(0)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for tag in ("p", "qq")]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(o[0].strip() == "done" for o in outs), [o[1][-2000:] for o in outs]
+    want = {**_by_id(_rows([f"p-{i}" for i in range(40)], seed=1)), **_by_id(_rows([f"qq-{i}" for i in range(40)], seed=2))}
+    assert _everything(tmp_path) == want
+    manifest, _ = read_manifest(str(tmp_path / "MANIFEST"))
+    assert manifest.parts and all(p.rows <= 16 for p in manifest.parts)
