@@ -307,8 +307,7 @@ def run_scale(a) -> dict:
         auto_dir = os.path.join(work, "live-auto")
         live, _, _ = _replica(base, auto_dir, LiveLogConfig())  # the default: a thread compacts every 10,000 rows
         got = _add_many("auto", live, _synthetic(meta, a.auto, seed=3), "auto", a.source_bytes)
-        with live._compacting:  # let a compaction in flight finish before counting files
-            pass
+        live.wait_for_compaction()  # a compaction in flight finishes before the files are counted
         out["auto"] = _line("auto_compaction", **got, compactions=len(live.compactions), **_files(auto_dir))
         del live
         out["restart_auto"] = _restart("restart_auto", base, auto_dir, a.images + a.auto)

@@ -131,8 +131,10 @@ class JointEncoder(nn.Module):
         unique = list(dict.fromkeys(texts))
         tok = self.tokenizer
 
+        vocabulary = frozenset(self.config.role_vocabulary)
+
         def parse(batch: List[str]) -> List[np.ndarray]:
-            return [role_matrix(t, lambda w: len(tok.tokenize(w))) for t in batch]
+            return [role_matrix(t, lambda w: len(tok.tokenize(w)), vocabulary) for t in batch]
         out = torch.zeros(len(unique), width, NUM_ROLES)
         for u, (matrix, pieces) in enumerate(zip(self.role_cache.lookup(unique, parse, id(tok)), rows)):
             n = min(len(matrix), len(pieces))  # truncated captions keep the roles of the pieces they keep

@@ -1,20 +1,19 @@
-"""Roles of caption words in spatial relations, from a rule-based parse of spatial prepositions.
+"""Roles of caption words in spatial relations, from a rule-based parse of spatial prepositions: a DIAGNOSTIC.
 
-Works on the caption text alone (no scene graph), so the same parse applies to real captions: a noun phrase is a
-run of attribute and shape words, a relation is a spatial head word ("left", "above", ...), its subject is the noun
-phrase before it and its object the one after it; pronoun forms ("to its left", "above it") take the caption's
-first noun phrase as their object, as a reader would resolve "it"; an absolute form ("on the left") describes
-the noun phrase before it, relative to the first one after "between". Noun-phrase words are the sample world's
-vocabulary (attribute and shape words); on open-vocabulary captions a part-of-speech tagger would supply them.
+A noun phrase is a run of words from a given vocabulary, a relation is a spatial head word ("left", "above", ...),
+its subject is the noun phrase before it and its object the one after it; pronoun forms ("to its left", "above
+it") take the caption's first noun phrase as their object, as a reader would resolve "it"; an absolute form ("on
+the left") describes the noun phrase before it, relative to the first one after "between". The vocabulary is the
+checkpoint's `role_vocabulary` (the sample world's attribute and shape words for every checkpoint that has roles),
+so the parse does not read open-vocabulary captions, and it takes "a man left the room" for a relation: no
+default recipe uses it. Nothing here knows the sample world; the checkpoint carries its word list.
 """
 from __future__ import annotations
 
-from typing import Callable
+import re
+from typing import Callable, Collection
 
 import numpy as np
-
-from edje.sampleworld.grounding import bare as _bare
-from edje.sampleworld.grounding import noun_phrases as _noun_phrases
 
 MAX_RELATIONS = 2
 NUM_ROLES = 3 * MAX_RELATIONS  # (relation, subject, object) for each relation of a caption
@@ -24,10 +23,28 @@ _HEADS = {"left", "right", "above", "over", "below", "beneath", "under", "top", 
 _ALWAYS_PREPOSITION = {"above", "over", "below", "beneath", "under"}
 
 
-def word_roles(caption: str) -> list[set[int]]:
-    """For each whitespace word of ``caption``, the role indices it holds (3 * k + role for the k-th relation)."""
+def _bare(word: str) -> str:
+    """A caption word lower-cased, without punctuation ("(large)," -> "large")."""
+    return re.sub(r"[^a-z]", "", word.lower())
+
+
+def _noun_phrases(words: list[str], vocabulary: Collection[str]) -> list[tuple[int, int]]:
+    """[start, end) word spans of maximal runs of vocabulary words."""
+    spans, start = [], None
+    for i, w in enumerate(words + [""]):
+        if _bare(w) in vocabulary:
+            start = i if start is None else start
+        elif start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def word_roles(caption: str, vocabulary: Collection[str]) -> list[set[int]]:
+    """For each whitespace word of ``caption``, the role indices it holds (3 * k + role for the k-th relation);
+    noun phrases are runs of ``vocabulary`` words."""
     words = caption.split()
-    nps = _noun_phrases(words)
+    nps = _noun_phrases(words, vocabulary)
     roles: list[set[int]] = [set() for _ in words]
     k = 0
     for j, w in enumerate(words):
@@ -72,10 +89,10 @@ def word_starts(caption: str, pieces_of: Callable[[str], int]) -> list[int]:
     return starts
 
 
-def role_matrix(caption: str, pieces_of: Callable[[str], int]) -> np.ndarray:
+def role_matrix(caption: str, pieces_of: Callable[[str], int], vocabulary: Collection[str]) -> np.ndarray:
     """[wordpieces, NUM_ROLES] multi-hot roles of ``caption``'s wordpieces; ``pieces_of(word)`` counts a word's pieces."""
     rows = []
-    for word, held in zip(caption.split(), word_roles(caption)):
+    for word, held in zip(caption.split(), word_roles(caption, vocabulary)):
         row = np.zeros(NUM_ROLES, np.float32)
         row[list(held)] = 1.0
         rows.extend([row] * pieces_of(word))

@@ -32,7 +32,7 @@ def _lerp_weights(size: int, cells: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return i0, i0 + 1, g - i0
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=8)
 def backdrop_pixels(backdrop: Backdrop, size: int) -> np.ndarray:
     """Float64 [size, size, 3] backdrop (cached: a family's members share it)."""
     t = (np.arange(size, dtype=np.float64) + 0.5) / size - 0.5
@@ -50,14 +50,14 @@ def backdrop_pixels(backdrop: Backdrop, size: int) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=8192)
 def scaled_sprite(index: int, px: int, mirrored: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(premultiplied RGB, alpha) float64 arrays of sprite ``index`` scaled to ``px`` square, mirrored if asked."""
+    """(premultiplied RGB, alpha) float32 arrays of sprite ``index`` scaled to ``px`` square, mirrored if asked."""
     im = Image.fromarray(np.ascontiguousarray(sprite(index)), "RGBA")
     if mirrored:
         im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    a = np.asarray(im.convert("RGBa").resize((px, px), Image.Resampling.LANCZOS), dtype=np.float64)
-    rgb, alpha = a[..., :3], a[..., 3:] / 255.0
+    a = np.asarray(im.convert("RGBa").resize((px, px), Image.Resampling.LANCZOS), dtype=np.float32)
+    rgb, alpha = a[..., :3], a[..., 3:] / np.float32(255.0)
     rgb.setflags(write=False)
     alpha.setflags(write=False)
     return rgb, alpha

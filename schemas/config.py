@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Type, TypeVar
+from typing import Any, Literal, Optional, Tuple, Type, TypeVar
 
 FeatureLayer = Literal["final", "penultimate"]
 AdapterKind = Literal["local", "compressed"]
@@ -85,9 +85,13 @@ class JointEncoderConfig:
     # position id depends on the caption's length; "fixed": image token i always has position
     # max_text_tokens + 2 + i, so a local adapter's cell keeps one position whatever the caption.
     image_positions: Literal["after_text", "fixed"] = "after_text"
-    # Relations ("A left of B"): role embeddings (relation / subject / object, from a parse of the caption's
-    # spatial prepositions, model/relation_roles.py) added to caption words, starting at 0.
+    # Relations ("A left of B"), a DIAGNOSTIC of the sample world: role embeddings (relation / subject / object, from
+    # a parse of the caption's spatial prepositions, model/relation_roles.py) added to caption words, starting at 0.
+    # The parse finds noun phrases by a word list, which the checkpoint records (role_vocabulary): the sample
+    # world's attribute and shape words for every checkpoint trained so far, so it does not read open-vocabulary
+    # captions. A default recipe leaves it off.
     relation_roles: bool = False
+    role_vocabulary: Optional[Tuple[str, ...]] = None
     # After this many BERT layers (0: off), each relation word receives P(mean of its subject's states minus
     # mean of its object's states), P starting at 0: a path from the nouns to the word that compares them.
     route_layer: int = 0
@@ -102,6 +106,10 @@ class JointEncoderConfig:
             raise ValueError(f"image_positions must be 'after_text' or 'fixed', got {self.image_positions!r}")
         if self.route_layer < 0 or self.ground_layer < 0:
             raise ValueError("route_layer and ground_layer count BERT layers (0: off)")
+        if self.role_vocabulary is not None:
+            object.__setattr__(self, "role_vocabulary", tuple(self.role_vocabulary))  # JSON gives a list
+        if self.relation_roles and not self.role_vocabulary:
+            raise ValueError("relation_roles needs role_vocabulary: the noun-phrase words its parse recognises")
         if self.route_layer and not self.relation_roles:
             raise ValueError("route_layer needs relation_roles (the route reads the parse's roles)")
         if (self.relation_roles or self.route_layer or self.ground_layer) and self.itm_input == "global":

@@ -165,7 +165,7 @@ class LiveImages:
                 keep.append(i)
         if not keep:
             return 0
-        self.store.add_table(table.take(keep) if len(keep) < table.num_rows else table)
+        self.store.add_table(table.take(pa.array(keep, pa.int64())) if len(keep) < table.num_rows else table)
         return len(keep)
 
     def add(self, data: bytes, image_id: Optional[str], url: Optional[str]) -> AddResult:
@@ -212,7 +212,13 @@ class LiveImages:
             return None
         return self._compact_and_release()
 
+    def wait_for_compaction(self) -> None:
+        """Block until this replica's compaction thread, if one runs, is done."""
+        with self._compacting:
+            pass
+
     def _compact_and_release(self) -> Optional[dict]:
+        """One compaction (kept in `compactions`), then the slot is free again."""
         try:
             done = self.log.compact()
             if done:

@@ -106,6 +106,7 @@ def _crash_point(step: str) -> None:
 
 
 def _pad8(n: int) -> int:
+    """n rounded up to a multiple of 8 (records and batches stay 8-byte aligned for Arrow)."""
     return (n + 7) & ~7
 
 
@@ -128,6 +129,7 @@ def _fsync_dir(path: str) -> None:
 
 
 def _fsync_file(path: str) -> None:
+    """Make a file's bytes durable (a part written by write_token_table, before its rename)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -690,6 +692,7 @@ def _same_layout(a: pa.Schema, b: pa.Schema) -> bool:
 
 
 def _count(folder: str, suffix: str) -> int:
+    """Files of a folder whose names end with `suffix` (0 when there is no folder)."""
     return len([n for n in os.listdir(folder) if n.endswith(suffix)]) if os.path.isdir(folder) else 0
 
 

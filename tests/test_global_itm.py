@@ -18,6 +18,10 @@ CAPTIONS = ["a large red circle to the left of a small blue square",
             "a large red circle to the left of a small blue square"]
 N, D = 9, 16  # backbone tokens per image (a 3 x 3 grid), their width
 
+from edje.sampleworld.grounding import NOUN_WORDS  # noqa: E402
+
+VOCAB = tuple(sorted(NOUN_WORDS))  # the diagnostic role parse's word list
+
 
 def _config(minilm_path, itm_input: str, word_context: int = 3) -> EDJEConfig:
     return EDJEConfig(
@@ -158,8 +162,8 @@ def test_a_global_baseline_starts_from_a_token_models_bert(token_model, images, 
 
     # a token model with the relation parts, as the shipped ones: the global mode cannot have them
     cfg = token_model.config
-    source = EDJEModel(replace(cfg, encoder=replace(cfg.encoder, relation_roles=True, route_layer=0, ground_layer=0)),
-                       load_language_model=False)
+    source = EDJEModel(replace(cfg, encoder=replace(cfg.encoder, relation_roles=True, role_vocabulary=VOCAB, route_layer=0,
+                                                    ground_layer=0)), load_language_model=False)
     source.load_state_dict(token_model.state_dict(), strict=False)
     save_checkpoint(source, str(tmp_path / "tokens"))
     meta = TableMetadata(kind="raw", backbone="edje-tiny-convvit", pretrained=None, feature_layer="final",

@@ -1,10 +1,11 @@
 """The parse of spatial prepositions gives each relation word its subject and object, on every caption template."""
 from edje.model.relation_roles import NUM_ROLES, OBJECT, RELATION, SUBJECT, role_matrix, word_roles
+from edje.sampleworld.grounding import NOUN_WORDS  # the diagnostic parse's word list, as its checkpoints record it
 
 
 def roles_by_word(caption):
     names = {RELATION: "rel", SUBJECT: "subj", OBJECT: "obj"}
-    return {w: sorted(f"{names[r % 3]}{r // 3}" for r in held) for w, held in zip(caption.split(), word_roles(caption)) if held}
+    return {w: sorted(f"{names[r % 3]}{r // 3}" for r in held) for w, held in zip(caption.split(), word_roles(caption, NOUN_WORDS)) if held}
 
 
 def test_plain_inverse_pronoun_and_absolute_forms():
@@ -33,7 +34,7 @@ def test_sample_world_captions_agree_with_their_scenes():
         if len(r.scene.objects) != 2:
             continue
         for c in r.captions:
-            words, roles = c.split(), word_roles(c)
+            words, roles = c.split(), word_roles(c, NOUN_WORDS)
             rel = [w for w, s in zip(words, roles) if RELATION in s]
             if rel not in (["left"], ["right"]):
                 continue
@@ -51,6 +52,6 @@ def test_sample_world_captions_agree_with_their_scenes():
 
 
 def test_role_matrix_spreads_word_roles_over_wordpieces():
-    m = role_matrix("a rhombus left of a star", lambda w: 2 if w == "rhombus" else 1)
+    m = role_matrix("a rhombus left of a star", lambda w: 2 if w == "rhombus" else 1, NOUN_WORDS)
     assert m.shape == (7, NUM_ROLES)
     assert m[1, SUBJECT] == m[2, SUBJECT] == 1 and m[3, RELATION] == 1 and m[6, OBJECT] == 1

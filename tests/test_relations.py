@@ -20,6 +20,9 @@ from edje.sampleworld.world import WorldConfig, generate, sample_records
 BG = (120, 120, 120)
 
 
+VOCAB = tuple(sorted(NOUN_WORDS))  # the diagnostic role parse's word list
+
+
 def obj(shape, colour, size, cell, center):
     return SceneObject(shape, colour, size, cell, center)
 
@@ -121,7 +124,7 @@ def encoders(minilm_path):
     torch.manual_seed(0)
     plain = JointEncoder(JointEncoderConfig(tokenizer=minilm_path, bert_config=TINY_BERT, num_image_tokens=4,
                                             text_embed_dim=8, word_context=3)).eval()
-    cfg = replace(plain.config, relation_roles=True, route_layer=1, ground_layer=1)
+    cfg = replace(plain.config, relation_roles=True, role_vocabulary=VOCAB, route_layer=1, ground_layer=1)
     grown = JointEncoder(cfg, tokenizer=plain.tokenizer, load_weights=False).eval()
     missing, unexpected = grown.load_state_dict(plain.state_dict(), strict=False)
     assert sorted(missing) == ["ground_head.bias", "ground_head.weight", "role_embedding.weight", "route.weight"]
@@ -188,7 +191,7 @@ def test_fixed_image_positions_do_not_depend_on_the_caption_length(minilm_path):
 
 def test_relation_parts_survive_a_checkpoint_and_threads(encoders, tiny_edje_config, tmp_path):
     from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
-    cfg = replace(tiny_edje_config, encoder=replace(tiny_edje_config.encoder, relation_roles=True, route_layer=2,
+    cfg = replace(tiny_edje_config, encoder=replace(tiny_edje_config.encoder, relation_roles=True, role_vocabulary=VOCAB, route_layer=2,
                                                      ground_layer=1, image_positions="fixed"))
     model = EDJEModel(cfg, load_language_model=False).eval()
     with torch.no_grad():

@@ -99,8 +99,18 @@ RELATION_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_l
 
 
 def relation_fields(spec: ModelSpec) -> dict:
-    """The spec's relation options, as JointEncoderConfig fields."""
-    return {f: getattr(spec, f) for f in RELATION_FIELDS}
+    """The spec's relation options, as JointEncoderConfig fields (with the role parse's word list when roles are on)."""
+    return {**{f: getattr(spec, f) for f in RELATION_FIELDS}, **_role_vocabulary(spec.relation_roles)}
+
+
+def _role_vocabulary(relation_roles: bool) -> dict:
+    """The diagnostic role parse reads noun phrases by the sample world's attribute and shape words; the
+    checkpoint records them, so that scoring it needs nothing from the sample world."""
+    if not relation_roles:
+        return {}
+    from edje.sampleworld.grounding import NOUN_WORDS
+
+    return {"role_vocabulary": tuple(sorted(NOUN_WORDS))}
 
 
 def with_relations(model: EDJEModel, spec: ModelSpec) -> EDJEModel:
@@ -110,6 +120,8 @@ def with_relations(model: EDJEModel, spec: ModelSpec) -> EDJEModel:
     their defaults keep the checkpoint's."""
     default = ModelSpec()
     asked = {f: getattr(spec, f) for f in RELATION_FIELDS if getattr(spec, f) != getattr(default, f)}
+    if asked.get("relation_roles") and not model.config.encoder.role_vocabulary:
+        asked.update(_role_vocabulary(True))
     position = spec.adapter_position if spec.adapter_position != default.adapter_position else model.config.adapter.position
     if all(getattr(model.config.encoder, f) == v for f, v in asked.items()) and position == model.config.adapter.position:
         return model
