@@ -27,10 +27,13 @@ KINDS = ("colour", "shape", "size", "relation")
 NO_RELATIONS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: this checkpoint has no "
                 "relation parts (role embeddings, the subject-minus-object route, grounding), and its training had no "
                 "signal that needs position.")
-RELATION_LIMITS = ("Relations: the role parse (`model/relation_roles.py`) knows the sample world's noun vocabulary and "
-                   "spatial words; open-vocabulary captions need a part-of-speech tagger for the noun phrases, and "
-                   "grounding was trained from the sample world's phrase boxes (what Flickr30k Entities or Visual "
-                   "Genome give on real data).",)
+RELATION_LIMITS = ("What its recipe needs from data, beyond image-caption pairs (a sample-world diagnostic, not a recipe a "
+                   "user's data supports): training regressed each noun's object centre from the sample world's scene "
+                   "graph (the `ground` objective, phrase boxes), and scoring runs a rule-based role parse whose "
+                   "noun-phrase words are the word list this checkpoint records (`role_vocabulary`: the sample world's "
+                   "attribute and shape words). On open-vocabulary captions the parse finds no noun phrase (\"a dog to "
+                   "the left of a bicycle\" scores without error, with no roles), and it takes \"a man left the room\" "
+                   "for a relation.",)
 LIMITS = ("Trained on the project's sample world only (small shapes on plain backgrounds, template captions); "
           "real photographs and free-form captions need a checkpoint trained on real pairs.",)
 

@@ -1,9 +1,12 @@
 """The sample world: a deterministic generator of compositional image-caption data with
-attribute-swapped hard distractors, plus a loopback HTTP server to download it from."""
+attribute-swapped hard distractors, plus a loopback HTTP server to download it from. Two kinds: "shapes"
+(the default) and "open" (emoji glyphs of hundreds of real nouns; open_world.py)."""
 
+from .open_world import open_world_config
 from .scene import COLOURS, RELATIONS, SHAPES, SIZES, Relation, Scene, SceneObject, Swap
 from .server import LoopbackServer, serve_directory
 from .world import (
+    KINDS,
     SPLITS,
     ImageRecord,
     WorldConfig,
@@ -16,6 +19,7 @@ from .world import (
 
 __all__ = [
     "COLOURS",
+    "KINDS",
     "RELATIONS",
     "SHAPES",
     "SIZES",
@@ -30,6 +34,7 @@ __all__ = [
     "WorldManifest",
     "generate",
     "load_world",
+    "open_world_config",
     "serve_directory",
     "url_rows",
     "write_url_list",

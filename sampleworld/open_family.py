@@ -132,7 +132,8 @@ def sample_open_family(rng: np.random.Generator, table: GlyphTable, family_size:
     lo, hi = objects
     if not 1 <= lo <= hi <= 4:
         raise ValueError(f"things per open scene must lie in 1..4, got {objects}")
-    taken = taken if taken is not None else set()
+    # One-thing worlds (curricula) have a few thousand meanings: as in the shapes world they may repeat one.
+    taken = set() if taken is None or hi == 1 else taken
     for _ in range(_MAX_TRIES):
         backdrop = sample_backdrop(rng)
         n = lo + int(rng.integers(hi - lo + 1))

@@ -328,6 +328,13 @@ def test_a_thousand_image_world_uses_three_hundred_nouns() -> None:
     assert len({o.noun for r in records for o in r.scene.objects}) >= 300
 
 
+def test_one_thing_curriculum_world() -> None:
+    records = sample_records(open_world_config(seed=2, n_train=60, n_val=0, n_test=0, min_objects=1, max_objects=1,
+                                               family_size=1))
+    assert len(records) == 60 and all(len(r.scene.objects) == 1 and r.role == "base" for r in records)
+    assert all(r.scene.relations == () for r in records)
+
+
 # --- command line ----------------------------------------------------------------------------------------------
 
 

@@ -55,5 +55,6 @@ def test_the_wheel_installs_exactly_one_top_level_name(tmp_path):
     for part in ("pipeline", "serving", "schemas", "model", "training", "jobs", "evaluation", "sampleworld"):
         assert f"edje/{part}/__init__.py" in names
     assert "edje/serving/ui/index.html" in names and any(n.startswith("edje/model/configs/") for n in names)
+    assert {"edje/sampleworld/open_assets/sprites.png", "edje/sampleworld/open_assets/OFL.txt"} <= set(names)
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "edje = edje.cli:main" in entry
