@@ -94,6 +94,6 @@ def query_subset(direction: str, novel: np.ndarray, caption_image: np.ndarray) -
 
 def counts(novel: np.ndarray) -> Dict[str, float]:
     """How many images are novel and how many repeat a training meaning."""
-    n = int(novel.size)
-    return {"images": n, "novel_images": int(novel.sum()), "repeated_images": int(n - novel.sum()),
-            "repeated_pct": round(100.0 * (n - novel.sum()) / n, 2) if n else 0.0}
+    n, fresh = int(novel.size), int(novel.sum())
+    return {"images": n, "novel_images": fresh, "repeated_images": n - fresh,
+            "repeated_pct": round(100.0 * (n - fresh) / n, 2) if n else 0.0}

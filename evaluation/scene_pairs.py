@@ -15,15 +15,20 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from edje.sampleworld.grounding import bare
+from edje.sampleworld.open_scene import OpenScene, open_difference
 from edje.sampleworld.scene import Scene
 
-KINDS = ("colour", "shape", "size", "relation", "two swaps")
+# The shapes world's twin kinds, then the open world's (a noun replaced by a neighbour, a count or a facing changed).
+KINDS = ("colour", "shape", "size", "relation", "two swaps", "noun", "count", "facing")
 _ATTRIBUTES = ("colour", "shape", "size")
 
 
 def scene_difference(a: Scene, b: Scene) -> str:
     """"colour", "shape" or "size" when objects at the same cells differ in that attribute alone; "relation"
-    when the same objects are placed otherwise; "two swaps" for anything else."""
+    when the same objects are placed otherwise; "two swaps" for anything else (the open world's own kinds for its
+    scenes)."""
+    if isinstance(a, OpenScene):
+        return open_difference(a, b)
     if sorted(o.key()[:3] for o in a.objects) == sorted(o.key()[:3] for o in b.objects):
         return "relation"
     at = {o.cell: o for o in b.objects}

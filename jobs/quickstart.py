@@ -109,7 +109,7 @@ def run(cfg: QuickstartConfig) -> dict:
         if cfg.held_out_mode:
             print(f"    {held_out_line(held_out, cfg.held_out_mode, cfg.checkpoint)}", flush=True)
         world = prepare_world(out, world_cfg)
-        server = serve_directory(world, port=0)
+        server = serve_directory(world, port=previous_port(out / "test_urls.tsv"))
         urls = test_url_list(world, server.base_url, out / "test_urls.tsv", cfg.test_images)
         print(f"    {server.base_url} serves {world}; url list of the test split: {urls}", flush=True)
 
@@ -128,7 +128,7 @@ def run(cfg: QuickstartConfig) -> dict:
                             "--export", checkpoint, "--ray-address", ray.get_runtime_context().gcs_address],
                            check=True)
         else:
-            step(4, f"using the shipped checkpoint {os.path.relpath(checkpoint, ROOT)}", t0)
+            step(4, f"using the checkpoint {shown_path(checkpoint)}", t0)
             made_by = json.loads((Path(checkpoint) / "config.json").read_text()).get("command")
             if made_by:
                 print(f"    made by: {made_by}", flush=True)
@@ -244,10 +244,27 @@ def prepare_world(out: Path, config) -> Path:
     return world
 
 
+def previous_port(urls: Path) -> int:
+    """The port an earlier run into this folder served the world on (0: none). The encode jobs' plans name the urls,
+    so a rerun that serves the same world on the same port resumes them instead of refusing a different job."""
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(urls.read_text().splitlines()[1].split("\t")[0]).port or 0
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def shown_path(path: str) -> Path:
+    """A path as printed: relative to the repository when inside it, absolute otherwise."""
+    full = Path(path).resolve()
+    return full.relative_to(ROOT) if full.is_relative_to(ROOT) else full
+
+
 def held_out_line(held_out: tuple, mode: str, checkpoint: str) -> str:
     """Which combinations the test world was made of (only) or without (exclude), and whose they are."""
     what = "made only of images that show one of" if mode == "only" else "without"
-    return (f"held-out combinations ({os.path.relpath(checkpoint, ROOT)}/config.json): {', '.join(held_out)}; "
+    return (f"held-out combinations ({shown_path(checkpoint)}/config.json): {', '.join(held_out)}; "
             f"the test world is {what} them (--held-out-mode {mode})")
 
 

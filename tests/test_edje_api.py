@@ -230,3 +230,17 @@ def test_from_pretrained_takes_a_hub_id_from_the_cache_offline(reranker, tmp_pat
     np.testing.assert_allclose(loaded.predict(pairs), reranker.predict(pairs), atol=1e-5)
     with pytest.raises(CheckpointNotFound, match="not a checkpoint folder"):
         EDJEReranker.from_pretrained(str(tmp_path / "no" / "such" / "folder"))
+
+
+def test_open_vocabulary_captions_score_without_error(reranker, tmp_path):
+    # Captions outside the sample world's vocabulary (an open world's real nouns, a verb use of "left"): the
+    # scoring path runs the tokenizer and the model, and a checkpoint's diagnostic role parse finds no noun phrase.
+    from edje.sampleworld.world import WorldConfig, generate
+
+    generate(WorldConfig(seed=5, n_train=0, n_val=0, n_test=4, kind="open"), tmp_path / "open")
+    world = json.loads((tmp_path / "open" / "world.json").read_text())["images"]
+    paths = [str(tmp_path / "open" / x["image"]) for x in world]
+    queries = [world[0]["captions"][0], "a dog sitting to the left of a red bicycle", "a man left the room"]
+    for q in queries:
+        hits = reranker.rank(q, paths)
+        assert len(hits) == len(paths) and all(np.isfinite(h["score"]) for h in hits)

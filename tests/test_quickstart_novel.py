@@ -26,6 +26,7 @@ def test_world_100_repeats_138_of_seed_9494s_test_meanings():
     test = [r for r in sample_records(qs.world_config(qs.QuickstartConfig(seed=9494), ())) if r.split == "test"]
     novel = novelty.novel_images([r.scene for r in test], seen)
     assert novelty.counts(novel) == {"images": 1000, "novel_images": 862, "repeated_images": 138, "repeated_pct": 13.8}
+    assert type(novelty.counts(novel)["repeated_pct"]) is float  # plain JSON, not a numpy scalar
 
 
 def test_sampled_reference_scenes_are_the_generated_worlds(tmp_path):
@@ -151,3 +152,13 @@ def test_quickstart_held_out_only_end_to_end(held_ckpt, tmp_path, capsys):
     assert "held-out red+circle large+square --held-out-mode exclude" in metrics["novel"]["against"]
     assert metrics["novel"]["t2i"]["reranked"] == metrics["t2i"]["reranked"]
     assert "Novel meanings: 40 of 40 images" in (tmp_path / "qs" / "eval" / "metrics.md").read_text()
+
+
+def test_a_rerun_serves_the_world_on_the_port_its_url_list_names(tmp_path):
+    # The encode plans digest the urls: a rerun into the same folder must serve on the same port to resume them.
+    urls = tmp_path / "test_urls.tsv"
+    assert qs.previous_port(urls) == 0
+    urls.write_text("url\tcaption\timage_id\nhttp://127.0.0.1:41234/images/sw_000000.jpg\ta red circle\tsw_000000\n")
+    assert qs.previous_port(urls) == 41234
+    urls.write_text("url\tcaption\timage_id\n")
+    assert qs.previous_port(urls) == 0
