@@ -401,7 +401,7 @@ def print_report(metrics, query, documents, answer, response, raw, comp) -> None
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse options and run the quickstart."""
     d = QuickstartConfig()
-    p = argparse.ArgumentParser(prog="quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default=d.output, help="output folder (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="sample world seed (default %(default)s: the benchmark's world)")
     p.add_argument("--checkpoint", default=d.checkpoint,

@@ -15,7 +15,7 @@ _DEFAULTS = WorldConfig()
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m edje.sampleworld", description="Deterministic compositional image-caption world.")
+    p = argparse.ArgumentParser(description="Deterministic compositional image-caption world.")
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="write images, flickr30k_*.json annotations and world.json")
