@@ -431,12 +431,12 @@ class LiveLog:
 
     @staticmethod
     def _table(pieces: List) -> Optional[pa.Table]:
-        """One table of batches or tables, None when empty."""
+        """One table of batches or tables (chunked: each consumer combines only the columns it reads), None when empty."""
         if pieces and isinstance(pieces[0], pa.RecordBatch):
             pieces = [pa.Table.from_batches(pieces)]
         if not pieces:
             return None
-        table = pa.concat_tables(pieces).combine_chunks()
+        table = pa.concat_tables(pieces)
         return table if table.num_rows else None
 
     # -- writing --------------------------------------------------------------------------------------
