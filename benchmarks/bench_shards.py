@@ -13,10 +13,10 @@ reranker (int8). Every phase sends `POST /v1/search` (top 10, reranked).
   lost node would). Prints the failed requests (%), the longest time without any answer (from 1 s before the kill
   on), and checks that an image added through /v1/images before the kill is still served after it.
   Goals: <= 0.5 % failed, no stretch longer than 2 s.
-- overload: one shard, one replica of each deployment, the ingress admitting `--admit-ongoing` requests at once and
-  `--admit-queued` more in Serve's proxy. Measures the unloaded latency (one client), the rate the replica sustains
-  (`--admit-ongoing` closed-loop clients), then sends an open-loop stream at `--overload-factor` (4) times that rate
-  and prints the share of 503s, their latency and Retry-After, and the p99 of the admitted requests against the
+- overload: one shard, one replica of each deployment, for each `--admit ONGOING:QUEUED` setting the ingress admitting
+  ONGOING requests at once and QUEUED more in Serve's proxy. Measures the unloaded latency (one client), the rate the
+  replica sustains (ONGOING closed-loop clients), then sends an open-loop stream at `--overload-factor` (4) times that
+  rate and prints the share of 503s, their latency and Retry-After, and the p99 of the admitted requests against the
   unloaded p99. Goals: 503s within 100 ms, admitted p99 within 2x the unloaded p99.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ import asyncio
 import base64
 import io
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -215,8 +216,9 @@ def kill_phase(args, base: str, table: str, caps: List[str], ids: List[str], pat
     from edje.model.shards import shard_of
     from edje.serving.app import build
 
-    cfg = base_config(table, workdir, shards=args.shards, replicas_per_shard=args.replicas_per_shard,
-                      live_dir=str(workdir / "live-kill"))
+    live = workdir / "live-kill"
+    shutil.rmtree(live, ignore_errors=True)  # a fresh log: the image added below is new (not a 409 from a past run)
+    cfg = base_config(table, workdir, shards=args.shards, replicas_per_shard=args.replicas_per_shard, live_dir=str(live))
     serve.run(build(cfg), name="kill", route_prefix="/kill")
     url = f"{base}/kill/v1/search"
     asyncio.run(load(url, caps, 10, args.concurrency))  # warm every replica
@@ -256,27 +258,28 @@ def kill_phase(args, base: str, table: str, caps: List[str], ids: List[str], pat
     return out
 
 
-def overload_phase(args, base: str, table: str, caps: List[str], workdir: Path) -> dict:
-    """Unloaded p99, the rate one replica sustains, then `overload_factor` times that rate open-loop."""
+def overload_phase(args, base: str, table: str, caps: List[str], workdir: Path, admit: str) -> dict:
+    """For one admission setting ('ongoing:queued'): unloaded p99, the rate one replica sustains, then
+    `overload_factor` times that rate open-loop."""
     from ray import serve
 
     from edje.serving.app import build
     from edje.serving.config import DeploymentResources
 
-    ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=args.admit_ongoing,
-                                  max_queued_requests=args.admit_queued)
+    ongoing, queued = (int(x) for x in admit.split(":"))
+    ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=ongoing, max_queued_requests=queued)
     cfg = base_config(table, workdir, ingress=ingress, retry_after_s=args.retry_after)
     serve.run(build(cfg), name="over", route_prefix="/over")
     url = f"{base}/over/v1/search"
-    asyncio.run(load(url, caps, 10, args.admit_ongoing))  # warm-up
+    asyncio.run(load(url, caps, 10, ongoing))  # warm-up
     unloaded = asyncio.run(load(url, caps, args.seconds, 1))
-    sustained = asyncio.run(load(url, caps, args.seconds, args.admit_ongoing))
+    sustained = asyncio.run(load(url, caps, args.seconds, ongoing))
     rate = sustained["requests"] / args.seconds * args.overload_factor
     got = asyncio.run(open_loop(url, caps, rate, args.seconds))
     admitted = [g["latency"] for g in got if g["status"] == 200]
     refused = [g for g in got if g["status"] == 503]
     others = sorted({str(g["status"]) for g in got} - {"200", "503"})
-    out = {"admit_ongoing": args.admit_ongoing, "admit_queued": args.admit_queued,
+    out = {"admit_ongoing": ongoing, "admit_queued": queued, "load_average": list(os.getloadavg()),
            "unloaded": {k: unloaded[k] for k in ("requests", "rps", "p50_ms", "p99_ms")},
            "sustained": {k: sustained[k] for k in ("requests", "rps", "p50_ms", "p99_ms", "errors")},
            "offered_rps": round(rate, 2), "sent": len(got), "admitted": len(admitted),
@@ -307,8 +310,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="turns of each application in the compare phase")
     p.add_argument("--shards", type=int, default=2, help="kill phase: shards")
     p.add_argument("--replicas-per-shard", type=int, default=2, help="kill phase: replicas of each shard's deployments")
-    p.add_argument("--admit-ongoing", type=int, default=2, help="overload phase: the ingress's max_ongoing_requests")
-    p.add_argument("--admit-queued", type=int, default=2, help="overload phase: the ingress's max_queued_requests")
+    p.add_argument("--admit", nargs="+", default=["1:1", "2:2"],
+                   help="overload phase: the ingress's max_ongoing_requests:max_queued_requests, one run each")
     p.add_argument("--overload-factor", type=float, default=4.0, help="overload phase: offered rate / sustained rate")
     p.add_argument("--retry-after", type=float, default=1.0)
     p.add_argument("--workdir")
@@ -334,7 +337,7 @@ def main() -> int:
         if "kill" in args.phases:
             out["kill"] = kill_phase(args, base, table, caps, ids, paths, workdir)
         if "overload" in args.phases:
-            out["overload"] = overload_phase(args, base, table, caps, workdir)
+            out["overload"] = [overload_phase(args, base, table, caps, workdir, admit) for admit in args.admit]
     finally:
         out["load_average_after"] = list(os.getloadavg())
         serve.shutdown()
@@ -369,15 +372,15 @@ def report(out: dict) -> None:
               f"{k['longest_time_without_an_answer_s']} s (before the kill {k['longest_before_kill_s']} s), p50 "
               f"{k['p50_ms']} ms, p99 {k['p99_ms']} ms; image added before the kill: {k['added_before_kill']}, "
               f"served after: {k['added_image_served_after']}; goals (<= 0.5 %, <= 2 s) met: {k['goals_met']}")
-    if "overload" in out:
-        o = out["overload"]
+    for o in out.get("overload", []):
         print(f"[shards] overload (ingress admits {o['admit_ongoing']} + {o['admit_queued']} queued): unloaded p50 "
               f"{o['unloaded']['p50_ms']} ms, p99 {o['unloaded']['p99_ms']} ms; sustained {o['sustained']['rps']} req/s; "
               f"offered {o['offered_rps']} req/s for {out['seconds']:.0f} s: {o['sent']} sent, {o['admitted']} admitted, "
               f"{o['refused_503']} refused 503 ({o['refused_pct']} %, p50 {o['refused_p50_ms']} ms, p99 "
               f"{o['refused_p99_ms']} ms, max {o['refused_max_ms']} ms, Retry-After {o['retry_after']}), other "
               f"{o['other_statuses']}; admitted p50 {o['admitted_p50_ms']} ms, p99 {o['admitted_p99_ms']} ms = "
-              f"{o['admitted_p99_over_unloaded_p99']}x the unloaded p99; goals (503 < 100 ms, <= 2x) met: {o['goals_met']}")
+              f"{o['admitted_p99_over_unloaded_p99']}x the unloaded p99; goals (503 < 100 ms, <= 2x) met: "
+              f"{o['goals_met']}; load average {[round(x, 2) for x in o['load_average']]}")
 
 
 if __name__ == "__main__":

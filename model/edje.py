@@ -109,7 +109,7 @@ def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_locati
     if expected is not None and _portable(cfg) != _portable(expected):
         raise CheckpointError(f"checkpoint {path} config differs from the expected one: {_diff(cfg, expected)}")
     fs, root = fsspec.core.url_to_fs(path)
-    tokenizer_dir = _local_tokenizer(fs, root)
+    tokenizer_dir = local_tokenizer(fs, root)
     enc = cfg.encoder
     # Weights come from the checkpoint, so BERT is built from its config, not its pretrained files.
     bert_cfg = meta.get("bert_config") or enc.bert_config
@@ -142,7 +142,7 @@ def load_state(module: nn.Module, state: dict, where: str) -> None:
     module.load_state_dict(state, strict=False)  # every key was checked above; tied ones follow their twin
 
 
-def _local_tokenizer(fs, root: str) -> str:
+def local_tokenizer(fs, root: str) -> str:
     if "file" in fs.protocol:
         return os.path.join(root, TOKENIZER)
     import tempfile

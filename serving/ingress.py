@@ -190,10 +190,10 @@ class TextLimit:
         import fsspec
         from transformers import AutoTokenizer
 
-        from edje.model.edje import _local_tokenizer  # the folder load_checkpoint reads, without the weights
+        from edje.model.edje import local_tokenizer  # the folder load_checkpoint reads, without the weights
 
         fs, root = fsspec.core.url_to_fs(checkpoint)
-        return cls(AutoTokenizer.from_pretrained(_local_tokenizer(fs, root)), meta["config"]["encoder"]["max_text_tokens"])
+        return cls(AutoTokenizer.from_pretrained(local_tokenizer(fs, root)), meta["config"]["encoder"]["max_text_tokens"])
 
     def count(self, texts: Sequence[str]) -> List[int]:
         """Wordpieces of each text, special tokens excluded."""

@@ -165,7 +165,7 @@ def test_an_over_long_query_is_scored_as_its_first_wordpieces_or_refused(served,
 
     url, http = served
     limit = TextLimit.of_checkpoint(corpus.checkpoint, {"config": {"encoder": {"max_text_tokens": 64}}})
-    query = " ".join(corpus.captions[2].split() + ["red"] * 80)
+    query = " ".join(corpus.captions[2].split() + ["a"] * 80)  # within MAX_CHARS: one wordpiece per 2 characters
     n = limit.count([query])[0]
     assert n > 80 and corpus.config.encoder.max_text_tokens == 64
     docs = corpus.image_ids[:5]
@@ -173,7 +173,7 @@ def test_an_over_long_query_is_scored_as_its_first_wordpieces_or_refused(served,
     assert r.status_code == 200, r.text
     assert r.json()["meta"]["truncated"] == {"kept": 64, "query_tokens": n}
     got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
-    longer = query + " and a blue square beyond the cut"  # same first 64 wordpieces: the same scores
+    longer = query + " and red beyond the cut"  # the same first 64 wordpieces: the same scores
     np.testing.assert_allclose([got[i] for i in range(5)], reference([longer] * 5, docs), atol=1e-4)
     r = http.post(url + "/v2/rerank", json={"query": query, "documents": docs, "truncate": False})
     assert r.status_code == 413 and f"{n} wordpieces, more than the 64" in r.json()["detail"], r.text

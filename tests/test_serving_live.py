@@ -151,6 +151,9 @@ def test_image_documents_by_url_and_base64_are_encoded_and_scored(served, images
                                1 / (1 + np.exp(-np.sort(expected)[::-1][:3])), atol=1e-5)
     with pytest.raises(cohere.errors.UnauthorizedError):
         cohere.ClientV2(api_key="wrong", base_url=url).rerank(model="m", query=query, documents=ids)
+    # An over-long query is cut (truncate defaults to true) and the SDK's meta carries what was cut.
+    res = co.rerank(model="rerank-v3.5", query=" ".join(["a"] * 80), documents=ids, max_tokens_per_doc=512)
+    assert len(res.results) == 4 and res.meta.warnings and res.meta.truncated == {"kept": 64, "query_tokens": 80}
 
 
 def test_bad_images_are_4xx_naming_the_problem(served, images, corpus):
