@@ -28,7 +28,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -38,6 +37,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
+
+from edje.serving.ports import free_port
 
 
 def _pct(xs, q):
@@ -99,9 +100,7 @@ def run_http(a) -> dict:
         with open(os.path.join(img_dir, f"{i}.png"), "wb") as f:
             f.write(buf.getvalue())
     files = serve_directory(img_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,

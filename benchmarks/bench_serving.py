@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ import numpy as np
 import torch
 
 from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
+from edje.serving.ports import free_port
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MINILM_L12 = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=12, num_attention_heads=12,
@@ -75,11 +75,6 @@ def served_config(lm: str) -> EDJEConfig:
 def pct(xs: List[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def captions(n: int, seed: int = 0) -> List[str]:

@@ -321,7 +321,7 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from edje.jobs.quickstart import free_port
+    from edje.serving.ports import free_port
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-shards-"))
     workdir.mkdir(parents=True, exist_ok=True)

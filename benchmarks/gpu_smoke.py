@@ -57,6 +57,8 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from edje.serving.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -434,13 +436,10 @@ def run_jobs(args: argparse.Namespace, work: Path) -> Dict[str, Callable[[], str
 
     def serve() -> str:
         import signal
-        import socket
         import urllib.request
 
         check("export" in state, "needs pretrain's checkpoint")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         tables = sorted(str(p) for p in (root / "int8" / "tables").glob("*.parquet"))
         cmd = [py, jobs / "serve.py", "--checkpoint", state["export"], "--tokens", *tables, "--address", "local",
                "--port", str(port), "--block", "--reranker-gpus", "1" if gpu else "0"]

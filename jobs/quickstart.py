@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from edje.schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
+from edje.serving.ports import free_port  # noqa: E402
 
 BACKBONE = DEFAULT_BACKBONE
 BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
@@ -73,12 +73,6 @@ def step(n: int, text: str, t0: float) -> None:
     """Print a numbered progress line with the elapsed time."""
     print(f"\n=== [{n}/8] {text}  (t={time.time() - t0:.0f}s)", flush=True)
 
-
-def free_port() -> int:
-    """A free TCP port on loopback for Ray Serve's HTTP proxy."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cfg: QuickstartConfig) -> dict:

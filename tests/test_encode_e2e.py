@@ -9,7 +9,6 @@ import io
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from PIL import Image
 from edje.pipeline import reasons
 from edje.sampleworld.world import WorldConfig, generate, url_rows
 from edje.schemas.shipped import DEFAULT_BACKBONE
+from edje.serving.ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,11 +73,6 @@ def serve(root: Path, routes: dict | None = None, delay: float = 0.0):
         server.shutdown()
         server.server_close()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _png(im: Image.Image, **kw) -> bytes:

@@ -100,16 +100,14 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(ray_local, world):
-    from ray import serve
-    from world_serving import CHECKPOINT, session, start_app
+    from world_serving import CHECKPOINT, serving
 
     w, _ = world
     cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(w.table,), auth_token=TOKEN,
                       image_url_allow=("loopback",),  # the test's image server; refused by default
                       reranker=DeploymentResources(num_cpus=0.25))
-    url = start_app(cfg)
-    yield url, session(TOKEN)
-    serve.shutdown()
+    with serving(("edje", "/", cfg), token=TOKEN) as (url, http):
+        yield url, http
 
 
 def _relevance(http, url, query, ids):

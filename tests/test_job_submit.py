@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from edje.serving.ports import free_port
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).parent / "ray")
@@ -29,11 +31,6 @@ IMAGES = 64
 # What `--working-dir .` would carry besides the code: the venv, run outputs and git history stay home.
 RUNTIME_ENV = {"excludes": ["/.venv/", "/runs/", "/.git/"]}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def auth_env(token: str) -> dict:

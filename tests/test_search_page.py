@@ -205,16 +205,14 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(ray_local, world, tmp_path_factory):
-    from ray import serve
-    from world_serving import CHECKPOINT, session, start_app
+    from world_serving import CHECKPOINT, serving
 
     w, _ = world
     cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(w.table,), caption_sources=(w.annotations,), ui=True,
                       image_dir=str(w.images), live_dir=str(tmp_path_factory.mktemp("page-live")), auth_token=TOKEN,
                       reranker=DeploymentResources(num_cpus=0.25))
-    url = start_app(cfg)
-    yield url, session(TOKEN), cfg
-    serve.shutdown()
+    with serving(("edje", "/", cfg), token=TOKEN) as (url, http):
+        yield url, http, cfg
 
 
 @pytest.mark.slow

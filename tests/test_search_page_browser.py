@@ -63,16 +63,14 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def served(ray_local, world, tmp_path_factory):
-    from ray import serve
-    from world_serving import CHECKPOINT, session, start_app
+    from world_serving import CHECKPOINT, serving
 
     cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(world.table,), caption_sources=(world.annotations,),
                       ui=True, image_dir=str(world.images), live_dir=str(tmp_path_factory.mktemp("browser-live")),
                       auth_token=TOKEN, image_url_allow=("loopback",),  # the test's own image server
                       reranker=DeploymentResources(num_cpus=0.25))
-    url = start_app(cfg)
-    yield url, session(TOKEN)
-    serve.shutdown()
+    with serving(("edje", "/", cfg), token=TOKEN) as (url, http):
+        yield url, http
 
 
 @pytest.fixture(scope="module")

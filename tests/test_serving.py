@@ -7,7 +7,6 @@ token and two reranker replicas), the miner-only app at /miner and an app withou
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from world_serving import serving
 
 from edje.model.edje import load_checkpoint
 from edje.schemas.token_table import decode_tokens, read_token_tables
@@ -37,11 +37,6 @@ FUZZ_EXAMPLES = 25  # per operation and app: ~400 requests in all
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, tiny_edje_config):
@@ -50,12 +45,6 @@ def corpus(tmp_path_factory, tiny_edje_config):
 
 @pytest.fixture(scope="module")
 def served(ray_local, corpus, tmp_path_factory):
-    from ray import serve
-
-    from edje.serving.app import build
-
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     # A 50 ms batch window: concurrent requests reliably meet in one forward pass on a loaded machine.
     cfg = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables),
                       caption_sources=(corpus.raw_table,), max_documents=MAX_DOCS, max_text_chars=MAX_CHARS,
@@ -63,18 +52,14 @@ def served(ray_local, corpus, tmp_path_factory):
                       # Live images on, urls on loopback only: the fuzz below reaches /v1/images and fetches nothing else.
                       live_dir=str(tmp_path_factory.mktemp("live")), image_url_hosts=("127.0.0.1",),
                       reranker=DeploymentResources(num_replicas=2, num_cpus=0.5, max_ongoing_requests=64))
-    serve.run(build(cfg), name="edje", route_prefix="/")
     miner_only = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.annotations,), auth_token_env=None)
-    serve.run(build(miner_only), name="miner", route_prefix="/miner")
     # Admits one request at a time and holds one more: the overload test's app (its other tests call it one by one).
     no_miner = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,
                            reranker=DeploymentResources(num_cpus=0.25),
                            ingress=DeploymentResources(max_ongoing_requests=1, max_queued_requests=1))
-    serve.run(build(no_miner), name="nominer", route_prefix="/nominer")
-    http = requests.Session()
-    http.headers["Authorization"] = f"Bearer {TOKEN}"
-    yield f"http://127.0.0.1:{port}", http
-    serve.shutdown()
+    with serving(("edje", "/", cfg), ("miner", "/miner", miner_only), ("nominer", "/nominer", no_miner),
+                 token=TOKEN) as (url, http):
+        yield url, http
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ fitted on the val split of world seed 100. Seed 23 is used by nothing else.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -41,23 +40,16 @@ def unseen_world(tmp_path_factory):
 
 
 def test_relevance_is_calibrated_on_an_unseen_world(ray_local, unseen_world):
-    from ray import serve
+    from world_serving import serving
 
     from edje.model.ranking import read_ranking
-    from edje.serving.app import build
 
     ann, families, tables = unseen_world
     rule = read_ranking(CHECKPOINT)
     assert rule.calibrated and rule.first_stage_weight > 0  # the shipped rule fuses and is calibrated
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(tables,), auth_token_env=None,
-                          reranker=DeploymentResources(num_cpus=0.25))
-        serve.run(build(cfg), name="calibrated", route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
+    cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(tables,), auth_token_env=None,
+                      reranker=DeploymentResources(num_cpus=0.25))
+    with serving(("calibrated", "/", cfg)) as (url, _):
         info = requests.get(url + "/v1/info", timeout=60).json()["ranking"]
         assert info["calibration_scale"] == rule.calibration_scale and "relevance = sigmoid(" in info["rule"]
         true_rel, twin_rel, top = [], [], []
@@ -82,5 +74,3 @@ def test_relevance_is_calibrated_on_an_unseen_world(ray_local, unseen_world):
         cal = requests.post(url + "/v1/rerank", timeout=120, json={"query": ann.captions[0], "documents": docs}).json()
         np.testing.assert_allclose([x["relevance_score"] for x in cal["results"]],
                                    rule.probability([x["relevance_score"] for x in raw]), atol=1e-5)
-    finally:
-        serve.shutdown()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -38,10 +37,9 @@ def test_encode_job_defaults_to_the_shipped_weights_and_refuses_random_ones(caps
 
 @pytest.mark.slow
 def test_serving_the_tables_the_encode_job_wrote(ray_local, tmp_path, tiny_edje_config):
-    from ray import serve
+    from world_serving import serving
 
     from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
-    from edje.serving.app import build
     from edje.serving.config import DeploymentResources, ServeConfig
 
     world = ["--world-dir", str(tmp_path / "world"), "--world-images", "24", "--batch-size", "16", "--shard-size", "12"]
@@ -58,18 +56,13 @@ def test_serving_the_tables_the_encode_job_wrote(ray_local, tmp_path, tiny_edje_
     tables = sorted(glob.glob(str(tmp_path / "c16" / "tables" / "*.parquet")))
     assert tables and all(read_metadata(t).kind == "compressed" for t in tables)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build(ServeConfig(checkpoint=str(tmp_path / "ckpt"), token_tables=tuple(tables), caption_sources=tuple(raw),
-                                    auth_token_env=None, reranker=DeploymentResources(num_cpus=0.5))),
-                  name="encoded", route_prefix="/")
+    cfg = ServeConfig(checkpoint=str(tmp_path / "ckpt"), token_tables=tuple(tables), caption_sources=tuple(raw),
+                      auth_token_env=None, reranker=DeploymentResources(num_cpus=0.5))
+    with serving(("encoded", "/", cfg)) as (base, _):
         table, meta = read_token_tables(tables)
         ids, captions = table.column("image_id").to_pylist(), read_token_tables(raw)[0].column("caption").to_pylist()
         query, docs = captions[0], ids[:8]
-        r = requests.post(f"http://127.0.0.1:{port}/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True},
+        r = requests.post(f"{base}/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True},
                           timeout=120)
         assert r.status_code == 200, r.text
         got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
@@ -77,9 +70,8 @@ def test_serving_the_tables_the_encode_job_wrote(ray_local, tmp_path, tiny_edje_
         with torch.no_grad():
             want = model.encoder.score([query] * 8, torch.from_numpy(decode_tokens(table, meta)[:8])).numpy()
         np.testing.assert_allclose([got[i] for i in range(8)], want, atol=1e-4)
-        r = requests.post(f"http://127.0.0.1:{port}/v1/search", json={"query": query, "top_k": 5}, timeout=120)
+        r = requests.post(f"{base}/v1/search", json={"query": query, "top_k": 5}, timeout=120)
         assert r.status_code == 200 and len(r.json()["results"]) == 5, r.text
-        info = requests.get(f"http://127.0.0.1:{port}/v1/info", timeout=60).json()
+        info = requests.get(f"{base}/v1/info", timeout=60).json()
         assert info["corpus_size"] == len(ids) and info["miner"]["captions"] == len(captions)
-    finally:
-        serve.shutdown()
+

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import os
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -20,6 +19,7 @@ from edje.sampleworld.server import serve_directory
 from edje.serving.config import DeploymentResources, ServeConfig
 from edje.serving.ingress import REPLICA_HEADER
 from edje.serving.live_log import LiveLog
+from edje.serving.ports import free_port
 from edje.serving.random_corpus import write_random_corpus
 from edje.serving.startup import StartupConfig
 
@@ -72,20 +72,11 @@ def _config(corpus, live_dir) -> ServeConfig:
 
 @pytest.fixture(scope="module")
 def served(ray_local, corpus, tmp_path_factory):
-    from ray import serve
+    from world_serving import serving
 
-    from edje.serving.app import build
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = _config(corpus, str(tmp_path_factory.mktemp("live")))
-    serve.run(build(cfg), name="live", route_prefix="/")
-    http = requests.Session()
-    http.headers["Authorization"] = f"Bearer {TOKEN}"
-    yield f"http://127.0.0.1:{port}", http, cfg
-    serve.shutdown()
+    with serving(("live", "/", cfg), token=TOKEN) as (url, http):
+        yield url, http, cfg
 
 
 def _raw(http, url, query, documents):
@@ -160,9 +151,7 @@ def test_bad_images_are_4xx_naming_the_problem(served, images, corpus):
     url, http, _ = served
     server, root = images
     junk64 = base64.b64encode(b"not an image at all").decode()
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/x.png"
+    dead = f"http://127.0.0.1:{free_port()}/x.png"  # a port nobody listens on
     cases = [
         ({"url": server.url("junk.png")}, 422, "not_an_image"),
         ({"image": junk64}, 422, "not_an_image"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ import pytest
 import requests
 import yaml
 
+from edje.serving.ports import free_port
 from edje.serving.random_corpus import write_random_corpus
 from edje.serving.startup import StartupConfig
 
@@ -27,11 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "metrics-token"
 APP = "edje"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------ without Ray

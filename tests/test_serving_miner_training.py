@@ -3,7 +3,6 @@ loopback, two Ray Train workers, a few steps; the miner's own record shows what 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,28 +23,18 @@ pytestmark = pytest.mark.slow
 STEPS, WORKERS, BATCH, K = 3, 2, 4, 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_pretrain_takes_its_negatives_from_the_miner_service(ray_local, tmp_path, tiny_edje_config):
     from ray import serve
-
-    from edje.serving.app import build
+    from world_serving import serving
 
     corpus = write_random_corpus(str(tmp_path / "corpus"), tiny_edje_config, num_images=32, num_tables=1)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        miner_cfg = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.raw_table,),
-                                auth_token_env=None)
-        serve.run(build(miner_cfg), name="miner", route_prefix="/")
+    miner_cfg = ServeConfig(miner_image_tables=(corpus.raw_table,), caption_sources=(corpus.raw_table,),
+                            auth_token_env=None)
+    with serving(("miner", "/", miner_cfg)) as (base, _):
         args = [sys.executable, str(ROOT / "jobs" / "pretrain.py"),
                 "--tables", corpus.raw_table, "--storage-path", str(tmp_path / "runs"), "--name", "mined",
                 "--num-workers", str(WORKERS), "--cpus-per-worker", "0.5", "--batch-size", str(BATCH), "--k", str(K),
-                "--negatives", "miner", "--miner-url", f"http://127.0.0.1:{port}",
+                "--negatives", "miner", "--miner-url", base,
                 "--max-steps", str(STEPS), "--checkpoint-every", str(STEPS), "--log-every", "1", "--warmup-steps", "1",
                 "--adapter", "compressed", "--num-queries", "8", "--adapter-hidden", "64", "--adapter-heads", "4",
                 "--random-bert", "hidden_size=64", "num_hidden_layers=1", "num_attention_heads=2",
@@ -54,8 +43,6 @@ def test_pretrain_takes_its_negatives_from_the_miner_service(ray_local, tmp_path
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
         served = serve.get_deployment_handle("Miner", app_name="miner").recent.remote().result()
-    finally:
-        serve.shutdown()
 
     table, _ = read_token_tables([corpus.raw_table], columns=["image_id", "caption"])
     pairs = set(zip(table.column("image_id").to_pylist(), table.column("caption").to_pylist()))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from edje.model.ranking import RankingConfig, read_ranking, write_ranking
 from edje.schemas.config import BackboneConfig
 from edje.schemas.token_table import decode_tokens, read_token_tables, vector_matrix
 from edje.serving.config import DeploymentResources, ServeConfig
+from edje.serving.ports import free_port
 from edje.serving.random_corpus import write_random_corpus
 from edje.serving.startup import StartupConfig, start_serve
 
@@ -63,9 +63,7 @@ def fused_url(ray_local, fused_corpus):
     from edje.serving.app import build
 
     corpus, fused = fused_corpus
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cfg = ServeConfig(checkpoint=fused, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,
                       reranker=DeploymentResources(num_cpus=0.25))

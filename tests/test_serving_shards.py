@@ -64,7 +64,7 @@ def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
-    from world_serving import CHECKPOINT, encode_world, free_port
+    from world_serving import CHECKPOINT, encode_world, serving
 
     from edje.serving.app import build
     from edje.serving.config import DeploymentResources, ServeConfig
@@ -80,63 +80,58 @@ def test_three_shards_on_three_nodes_answer_as_one_shard(tmp_path):
                       reranker=DeploymentResources(num_cpus=0.5, max_ongoing_requests=64), first_stage=small, ingress=small)
         one = ServeConfig(**common, live_dir=str(tmp_path / "live-one"))
         three = ServeConfig(**common, shards=3, live_dir=str(tmp_path / "live-three"))
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build(one), name="one", route_prefix="/one")
-        serve.run(build(three), name="three", route_prefix="/three")
-        base = f"http://127.0.0.1:{port}"
-        assert requests.get(f"{base}/three/readyz", timeout=60).json()["deployments"].keys() >= {
-            "Reranker-0", "Reranker-1", "Reranker-2", "FirstStage-0", "FirstStage-1", "FirstStage-2"}
+        with serving(("one", "/one", one), ("three", "/three", three)) as (base, _):
+            assert requests.get(f"{base}/three/readyz", timeout=60).json()["deployments"].keys() >= {
+                "Reranker-0", "Reranker-1", "Reranker-2", "FirstStage-0", "FirstStage-1", "FirstStage-2"}
 
-        # Each shard's replica holds its own rows only: about a third of the token bytes, as its store reports.
-        info = requests.get(f"{base}/three/v1/info", timeout=60).json()
-        per_shard = info["token_store"]
-        whole = requests.get(f"{base}/one/v1/info", timeout=60).json()["token_store"]
-        assert per_shard["images"] == whole["images"] == len(world.image_ids) and per_shard["memory_bytes"] == whole["memory_bytes"]
-        shares = [s["memory_bytes"] / whole["memory_bytes"] for s in info["shards"]]
-        assert all(0.2 < x < 0.47 for x in shares), shares
-        expected = np.bincount([shard_of(i, 3) for i in world.image_ids], minlength=3).tolist()
-        assert [s["images"] for s in info["shards"]] == expected
+            # Each shard's replica holds its own rows only: about a third of the token bytes, as its store reports.
+            info = requests.get(f"{base}/three/v1/info", timeout=60).json()
+            per_shard = info["token_store"]
+            whole = requests.get(f"{base}/one/v1/info", timeout=60).json()["token_store"]
+            assert per_shard["images"] == whole["images"] == len(world.image_ids) and per_shard["memory_bytes"] == whole["memory_bytes"]
+            shares = [s["memory_bytes"] / whole["memory_bytes"] for s in info["shards"]]
+            assert all(0.2 < x < 0.47 for x in shares), shares
+            expected = np.bincount([shard_of(i, 3) for i in world.image_ids], minlength=3).tolist()
+            assert [s["images"] for s in info["shards"]] == expected
 
-        # 50 searches: the same ids in the same order and the same scores as the one-shard server.
-        for q in world.captions[:50]:
-            a = requests.post(f"{base}/one/v1/search", json={"query": q, "top_k": 10}, timeout=120).json()["results"]
-            b = requests.post(f"{base}/three/v1/search", json={"query": q, "top_k": 10}, timeout=120).json()["results"]
-            assert [r["image_id"] for r in a] == [r["image_id"] for r in b], q
-            assert np.allclose([r["relevance_score"] for r in a], [r["relevance_score"] for r in b], atol=1e-4)
-        # Rerank over ids that live on every shard, and an image query whose vector comes from its owner shard.
-        docs = world.image_ids[:12]
-        ra = requests.post(f"{base}/one/v1/rerank", json={"query": world.captions[3], "documents": docs}, timeout=120).json()
-        rb = requests.post(f"{base}/three/v1/rerank", json={"query": world.captions[3], "documents": docs}, timeout=120).json()
-        assert [(r["index"], round(r["relevance_score"], 4)) for r in ra["results"]] == \
-               [(r["index"], round(r["relevance_score"], 4)) for r in rb["results"]]
-        qa = requests.post(f"{base}/one/v1/search", json={"image": docs[5], "top_k": 8}, timeout=120).json()["results"]
-        qb = requests.post(f"{base}/three/v1/search", json={"image": docs[5], "top_k": 8}, timeout=120).json()["results"]
-        assert [r["image_id"] for r in qa] == [r["image_id"] for r in qb]
-        assert requests.post(f"{base}/three/v1/rerank", json={"query": "x", "documents": ["nope"]}, timeout=60).status_code == 404
+            # 50 searches: the same ids in the same order and the same scores as the one-shard server.
+            for q in world.captions[:50]:
+                a = requests.post(f"{base}/one/v1/search", json={"query": q, "top_k": 10}, timeout=120).json()["results"]
+                b = requests.post(f"{base}/three/v1/search", json={"query": q, "top_k": 10}, timeout=120).json()["results"]
+                assert [r["image_id"] for r in a] == [r["image_id"] for r in b], q
+                assert np.allclose([r["relevance_score"] for r in a], [r["relevance_score"] for r in b], atol=1e-4)
+            # Rerank over ids that live on every shard, and an image query whose vector comes from its owner shard.
+            docs = world.image_ids[:12]
+            ra = requests.post(f"{base}/one/v1/rerank", json={"query": world.captions[3], "documents": docs}, timeout=120).json()
+            rb = requests.post(f"{base}/three/v1/rerank", json={"query": world.captions[3], "documents": docs}, timeout=120).json()
+            assert [(r["index"], round(r["relevance_score"], 4)) for r in ra["results"]] == \
+                   [(r["index"], round(r["relevance_score"], 4)) for r in rb["results"]]
+            qa = requests.post(f"{base}/one/v1/search", json={"image": docs[5], "top_k": 8}, timeout=120).json()["results"]
+            qb = requests.post(f"{base}/three/v1/search", json={"image": docs[5], "top_k": 8}, timeout=120).json()["results"]
+            assert [r["image_id"] for r in qa] == [r["image_id"] for r in qb]
+            assert requests.post(f"{base}/three/v1/rerank", json={"query": "x", "documents": ["nope"]}, timeout=60).status_code == 404
 
-        # A live add lands on the shard its id hashes to, and is served again after a redeploy.
-        from PIL import Image
+            # A live add lands on the shard its id hashes to, and is served again after a redeploy.
+            from PIL import Image
 
-        buf = io.BytesIO()
-        Image.open(world.images / f"{world.image_ids[0]}.jpg").transpose(Image.FLIP_LEFT_RIGHT).save(buf, "JPEG")
-        image = base64.b64encode(buf.getvalue()).decode()
-        added = requests.post(f"{base}/three/v1/images", json={"image": image, "id": "added-1"}, timeout=120)
-        assert added.status_code == 200, added.text
-        owner = shard_of("added-1", 3)
-        assert (tmp_path / "live-three" / f"shard-{owner:03d}" / "LOG").exists()
-        rows = lambda: [s["images"] for s in requests.get(f"{base}/three/v1/info", timeout=60).json()["shards"]]
-        assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
-        serve.delete("three")
-        serve.run(build(three), name="three", route_prefix="/three")
-        r = requests.post(f"{base}/three/v1/rerank", json={"query": world.captions[0], "documents": ["added-1", docs[1]]},
-                          timeout=120)
-        assert r.status_code == 200, r.text
-        assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
-        hits = requests.post(f"{base}/three/v1/search", json={"image": "added-1", "top_k": 3}, timeout=120)
-        assert hits.status_code == 200 and hits.json()["results"], hits.text
+            buf = io.BytesIO()
+            Image.open(world.images / f"{world.image_ids[0]}.jpg").transpose(Image.FLIP_LEFT_RIGHT).save(buf, "JPEG")
+            image = base64.b64encode(buf.getvalue()).decode()
+            added = requests.post(f"{base}/three/v1/images", json={"image": image, "id": "added-1"}, timeout=120)
+            assert added.status_code == 200, added.text
+            owner = shard_of("added-1", 3)
+            assert (tmp_path / "live-three" / f"shard-{owner:03d}" / "LOG").exists()
+            rows = lambda: [s["images"] for s in requests.get(f"{base}/three/v1/info", timeout=60).json()["shards"]]
+            assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
+            serve.delete("three")
+            serve.run(build(three), name="three", route_prefix="/three")
+            r = requests.post(f"{base}/three/v1/rerank", json={"query": world.captions[0], "documents": ["added-1", docs[1]]},
+                              timeout=120)
+            assert r.status_code == 200, r.text
+            assert rows() == [n + (s == owner) for s, n in enumerate(expected)]
+            hits = requests.post(f"{base}/three/v1/search", json={"image": "added-1", "top_k": 3}, timeout=120)
+            assert hits.status_code == 200 and hits.json()["results"], hits.text
     finally:
-        serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
 
@@ -286,8 +281,7 @@ def _replica_actors(app: str, deployment: str):
 @pytest.mark.slow
 def test_a_shard_keeps_answering_when_one_of_its_replicas_is_killed(ray_local, tmp_path):
     import ray
-    from ray import serve
-    from world_serving import CHECKPOINT, encode_world, start_app
+    from world_serving import CHECKPOINT, encode_world, serving
 
     from edje.serving.config import DeploymentResources, ServeConfig
 
@@ -297,8 +291,7 @@ def test_a_shard_keeps_answering_when_one_of_its_replicas_is_killed(ray_local, t
                       reranker=DeploymentResources(num_cpus=0.1, max_ongoing_requests=64),
                       first_stage=DeploymentResources(num_cpus=0.1), ingress=DeploymentResources(num_cpus=0.1),
                       miner=DeploymentResources(num_cpus=0.1))
-    try:
-        base = start_app(cfg)
+    with serving(("edje", "/", cfg)) as (base, _):
         for dep in ("Reranker-0", "Reranker-1", "FirstStage-0", "FirstStage-1"):
             assert len(_replica_actors("edje", dep)) == 2, dep  # replicas_per_shard replicas of each
         victim_shard = shard_of(world.image_ids[0], 2)
@@ -351,5 +344,3 @@ def test_a_shard_keeps_answering_when_one_of_its_replicas_is_killed(ray_local, t
         negatives = [n for row in r.json()["negatives"] for n in row["negative_images"]]
         assert all(n["itm_logit"] is not None for n in negatives)
         assert {shard_of(n["image_id"], 2) for n in negatives} == {0, 1}
-    finally:
-        serve.shutdown()

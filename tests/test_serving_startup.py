@@ -16,17 +16,13 @@ import pytest
 import requests
 import yaml
 
+from edje.serving.ports import free_port
 from edje.serving.random_corpus import write_random_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 HOGS_PER_CORE = 1  # every core busy: the situation of the issue (two CPU-bound processes on two cores)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def outside_address() -> str:

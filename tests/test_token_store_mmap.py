@@ -207,7 +207,7 @@ def test_ivf_pq_saved_and_mapped_answers_like_the_index_built_in_ram(tmp_path):
     assert 0 < index.build_info["recall_at_10_vs_exact"] < 1 and index.nbytes() == os.path.getsize(index.index_path)
     # Opened again: the saved file is mapped as it is, not rebuilt.
     stamp = os.stat(index.index_path).st_mtime_ns
-    again, _ = mapped_index(paths[:1], "IVF64,PQ16", "nprobe=8", cache=cache)
+    again, _ = mapped_index(paths, "IVF32,PQ8x4", "nprobe=8", cache=cache)
     assert os.stat(again.index_path).st_mtime_ns == stamp
     np.testing.assert_array_equal(again.search(queries, 10)[1], r1)
     # Image queries read the exact stored vector; a live row (the mapped index is read-only) is found beside it.

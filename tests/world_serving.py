@@ -6,13 +6,15 @@ as the quickstart's img2dataset step would record them.
 """
 from __future__ import annotations
 
-import socket
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import requests
+
+from edje.serving.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = str(REPO / "checkpoints" / "edje-local-bind")
@@ -61,23 +63,24 @@ def encode_world(root: Path, seed: int, n_test: int, base_url: str) -> World:
     return World(root / "world", str(ann_path), path, list(ann.image_ids), first)
 
 
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def start_app(config, name: str = "edje") -> str:
-    """Start Serve on a free loopback port with one application of `config`; its base url."""
+@contextlib.contextmanager
+def serving(*apps: Tuple[str, str, object], token: Optional[str] = None) -> Iterator[Tuple[str, requests.Session]]:
+    """Serve on a free loopback port, one application per (name, route prefix, ServeConfig); yields the base url and
+    a session (sending the bearer token when given). Serve is shut down after, whatever happened: the one way the
+    tests start Serve."""
     from ray import serve
 
     from edje.serving.app import build
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build(config), name=name, route_prefix="/")
-    return f"http://127.0.0.1:{port}"
+    try:
+        for name, prefix, config in apps:
+            serve.run(build(config), name=name, route_prefix=prefix)
+        yield f"http://127.0.0.1:{port}", session(token) if token else requests.Session()
+    finally:
+        serve.shutdown()
 
 
 def session(token: str) -> requests.Session:
