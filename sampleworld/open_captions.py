@@ -14,20 +14,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .captions import RELATION_WORDS, SHORT_RELATION, SIDE  # the relation phrases are the two worlds' common English
 from .open_glyphs import GlyphTable
 from .open_scene import COUNT_WORDS, OpenScene, Thing
 from .scene import INVERSE
 
 SIZE_WORDS: dict[str, tuple[str, ...]] = {"small": ("small", "little"), "large": ("large", "big")}
 FACING_WORDS: dict[str, str] = {"left": "left-facing", "right": "right-facing"}
-RELATION_WORDS: dict[str, tuple[str, ...]] = {
-    "left_of": ("to the left of", "left of", "on the left of"),
-    "right_of": ("to the right of", "right of", "on the right of"),
-    "above": ("above", "over"),
-    "below": ("below", "beneath", "under"),
-}
-SHORT_RELATION: dict[str, str] = {"left_of": "left of", "right_of": "right of", "above": "above", "below": "below"}
-SIDE: dict[str, str] = {"left_of": "on the left", "right_of": "on the right", "above": "at the top", "below": "at the bottom"}
 VERBS: tuple[tuple[str, str], ...] = (("is", "are"), ("sits", "sit"), ("stands", "stand"), ("appears", "appear"))
 OPENERS: tuple[str, ...] = ("an image of", "a picture of", "a photo of")
 # Every word the templates themselves use for attributes (grounding extends a noun's phrase over these).

@@ -250,23 +250,21 @@ def test_captions_name_every_thing_with_its_attributes(world_json) -> None:
 
 
 def test_evaluation_reads_open_worlds(world_json) -> None:
-    """evaluation/scene_pairs.py buckets twins by Scene.from_json scenes; on open worlds it must run (noun and count
-    twins come out as its "shape", facing as "colour"; open_difference names them in the open world's terms)."""
-    from edje.evaluation.scene_pairs import relation_subsets, scene_difference
+    """evaluation/scene_pairs.py buckets an open world's twins in the open world's own kinds (size, facing, count,
+    relation, noun), and its relation subsets read open scenes."""
+    from edje.evaluation.scene_pairs import KINDS, relation_subsets, scene_difference
 
     seen = collections.Counter()
     for fam in families(world_json).values():
         base = Scene.from_json(fam[0])
         for r in fam[1:]:
             twin = Scene.from_json(r)
-            seen[(open_difference(base, twin), scene_difference(base, twin))] += 1
-            if open_difference(base, twin) == "relation":
+            kind = scene_difference(base, twin)
+            assert kind == open_difference(base, twin) and kind in KINDS
+            seen[kind] += 1
+            if kind == "relation":
                 assert relation_subsets(base, twin, r["captions"][0])["objects"] == str(len(base.objects))
-    for (mine, theirs) in seen:
-        if mine == "two swaps":  # a noun and a count change of one thing are both its "shape"
-            assert theirs in ("two swaps", "shape")
-        else:
-            assert theirs == {"noun": "shape", "count": "shape", "facing": "colour"}.get(mine, mine)
+    assert {"size", "relation", "noun", "count", "facing"} <= set(seen), seen
 
 
 # --- captions: held-out templates -----------------------------------------------------------------------
