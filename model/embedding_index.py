@@ -73,7 +73,12 @@ class EmbeddingIndex:
         if search_params:
             faiss.ParameterSpace().set_index_parameters(index, search_params)
         self.index = _on_gpu(index, device)
-        self.build_info = _read_json(index_path + ".json")
+        saved = _read_json(index_path + ".json")
+        self.build_info = {k: v for k, v in saved.items() if k not in ("recall_query_rows", "exact_top10")}
+        recall = _recall_at_10(self, saved)
+        if recall is not None:
+            self.build_info.update(recall_at_10_vs_exact=round(recall, 4), search_params=search_params,
+                                   recall_queries=len(saved["recall_query_rows"]))
         return self
 
     def __len__(self) -> int:
@@ -215,9 +220,13 @@ def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, chunk: int = 
 
 
 def save_trained(vectors: np.ndarray, factory: str, path: str, train_size: int = 262_144, add_rows: int = 262_144,
-                 recall_queries: int = 1000) -> dict:
+                 recall_queries: Optional[int] = None) -> dict:
     """Train an index on a seeded sample of `vectors`, add them a chunk at a time, measure recall@10 against exact
-    search, and write it to `path` (a temporary name, then renamed) with a JSON of what was measured beside it."""
+    search, and write it to `path` (a temporary name, then renamed) with a JSON of what was measured beside it.
+    recall_queries: stored vectors used as queries (default 1,000, fewer beyond 1M rows: the exact search they
+    need costs queries x rows)."""
+    if recall_queries is None:
+        recall_queries = int(min(1000, max(100, 10 ** 9 // max(1, len(vectors)))))
     started = time.time()
     vectors_n, dim = vectors.shape
     index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
@@ -230,24 +239,34 @@ def save_trained(vectors: np.ndarray, factory: str, path: str, train_size: int =
     for start in range(0, vectors_n, add_rows):
         index.add(np.ascontiguousarray(vectors[start:start + add_rows], dtype=np.float32))
     added = time.time()
-    queries = np.ascontiguousarray(vectors[np.sort(np.random.default_rng(1).choice(
-        vectors_n, min(recall_queries, vectors_n), replace=False))], dtype=np.float32)
-    k = min(10, vectors_n)
-    _, want = exact_search(vectors, queries, k)
-    _, got = index.search(queries, k)
-    recall = float(np.mean([len(set(w) & set(g)) / k for w, g in zip(want.tolist(), got.tolist())]))
+    # Exact top 10 of some stored vectors, kept beside the index: whoever maps it measures recall under its own
+    # search parameters (nprobe) with approximate searches only.
+    query_rows = np.sort(np.random.default_rng(1).choice(vectors_n, min(recall_queries, vectors_n), replace=False))
+    _, want = exact_search(vectors, np.ascontiguousarray(vectors[query_rows], dtype=np.float32), min(10, vectors_n))
     tmp = f"{path}.tmp-{os.getpid()}"
     faiss.write_index(index, tmp)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    info = dict(factory=factory, rows=int(vectors_n), recall_at_10_vs_exact=round(recall, 4),
-                index_bytes=os.path.getsize(tmp), train_s=round(trained - started, 1), add_s=round(added - trained, 1),
-                build_s=round(time.time() - started, 1))
+    info = dict(factory=factory, rows=int(vectors_n), index_bytes=os.path.getsize(tmp),
+                train_s=round(trained - started, 1), add_s=round(added - trained, 1),
+                build_s=round(time.time() - started, 1), recall_query_rows=query_rows.tolist(),
+                exact_top10=want.tolist())
     with open(path + ".json.tmp", "w") as f:
         json.dump(info, f)
     os.replace(path + ".json.tmp", path + ".json")
     os.replace(tmp, path)  # last: the index exists only once complete
     return info
+
+
+def _recall_at_10(index: "EmbeddingIndex", saved: dict) -> Optional[float]:
+    """recall@10 of the index, under its current search parameters, against the exact top 10 saved with it."""
+    if not saved.get("recall_query_rows"):
+        return None
+    queries = np.ascontiguousarray(index.copy[np.asarray(saved["recall_query_rows"])], dtype=np.float32)
+    want = saved["exact_top10"]
+    k = len(want[0])
+    _, got = index.index.search(queries, k)
+    return float(np.mean([len(set(w) & set(g)) / k for w, g in zip(want, got.tolist())]))
 
 
 def mapped_index(paths: Sequence[str], factory: str, search_params: str = "", shard: int = 0, num_shards: int = 1,

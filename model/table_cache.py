@@ -13,7 +13,7 @@ Each file is written under a temporary name and renamed when complete, under a l
 other replicas wait, then map what it wrote): a crashed build leaves only a temporary file, which no reader opens
 and the next build removes. Remote tables (s3://...) are read into RAM by the same two passes (`read_columns`).
 
-    python -m edje.model.table_cache TABLES... [--shards N] [--index-factory IVF1024,PQ32]   # build ahead of serving
+    python -m edje.model.table_cache TABLES... [--shards N] [--index-factory IVF1024,PQ32np]   # build ahead of serving
 """
 from __future__ import annotations
 
@@ -624,6 +624,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--columns", nargs="+", default=list(TOKEN_COLUMNS))
     p.add_argument("--index-factory", help="also train and save the first stage's FAISS index (e.g. IVF1024,PQ32)")
+    p.add_argument("--index-search-params", default="", help="its search parameters for the recall printed (nprobe=16)")
     p.add_argument("--cache-dir")
     args = p.parse_args(argv)
     paths = expand_paths(args.tables)
@@ -636,7 +637,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.index_factory:
             from edje.model.embedding_index import mapped_index
 
-            index, _ = mapped_index(paths, args.index_factory, shard=s, num_shards=args.shards, cache=config)
+            index, _ = mapped_index(paths, args.index_factory, args.index_search_params, s, args.shards, cache=config)
             out["index"] = index.build_info
         print(json.dumps(out), flush=True)
     return 0

@@ -1,6 +1,5 @@
 """Ray Serve application of the EDJE reranker and hard-negative miner: plain cores, thin Serve shells.
 
-token_store    compressed token tables -> contiguous arrays, gather by image id (TokenStore)
 live_images    images added at run time: bytes -> model/token_encoder.py rows, one shared append log (LiveImages)
 reranker_core  token store + model/scoring.py + live images of one replica, no Serve (RerankerCore)
 reranker       the Serve deployment around RerankerCore: @serve.batch across requests (Reranker)
