@@ -304,7 +304,6 @@ def test_a_folder_of_one_table_per_image_moves_into_the_log_once(tmp_path):
 def test_two_processes_adding_and_compacting_at_once_keep_every_row_once(tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
-        sys.path.insert(0, {str(REPO / "tests")!r})  # the child imports this test module's helpers
         from test_live_log import _add, _rows
         from edje.serving.live_log import LiveLog, LiveLogConfig
         tag = sys.argv[1]
@@ -317,7 +316,8 @@ def test_two_processes_adding_and_compacting_at_once_keep_every_row_once(tmp_pat
         print("done", flush=True)
         os._exit(0)
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script, tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}  # the child imports this test module's helpers
+    procs = [subprocess.Popen([sys.executable, "-c", script, tag], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for tag in ("p", "qq")]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(o[0].strip() == "done" for o in outs), [o[1][-2000:] for o in outs]
