@@ -53,7 +53,7 @@ class EDJEReranker:
     @classmethod
     def from_pretrained(cls, model_name_or_path: Union[str, os.PathLike], device: Optional[str] = None,
                         precision: str = "fp32", quant: str = "int8", group_size: Optional[int] = None,
-                        batch_size: int = 32, max_length: Optional[int] = None, revision: Optional[str] = None,
+                        batch_size: int = 256, max_length: Optional[int] = None, revision: Optional[str] = None,
                         cache_folder: Optional[str] = None) -> "EDJEReranker":
         """Load a checkpoint (a folder or a hub id); images are stored as `quant` tokens (the encode job's default
         int8) before scoring; queries keep at most `max_length` wordpieces (default and ceiling: the checkpoint's)."""

@@ -109,7 +109,7 @@ class JointEncoder(nn.Module):
         """Caption wordpieces of each text (no special tokens, truncated), each distinct text tokenised once;
         returns (rows of the distinct texts, inverse index [B])."""
         unique, inverse = wordpieces.distinct(texts)
-        n = min(self.config.max_text_tokens, self.text_limit or self.config.max_text_tokens)
+        n = self.text_limit or self.config.max_text_tokens  # the max_length setter keeps the limit below the ceiling
         tok = self.tokenizer
 
         def tokenize(batch: List[str]) -> List[List[int]]:
