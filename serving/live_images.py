@@ -12,9 +12,9 @@ Persistence and consistency go through one append log that every replica applies
   (serving/live_sources.py), so that it has a thumbnail whatever its url does later.
 
 Each reranker and first-stage replica applies the log at start (parts, then records) and before every
-request (two ``stat`` calls: LOG grows with every add, MANIFEST changes with every compaction). An add
-answers only after its record is on disk, so every later request to any replica sees the image; a
-restarted or replacement replica loads the whole log: nothing is lost. The live folder must be a POSIX
+request (LOG's generation and size: one open, a 24-byte read, one ``fstat``). An add answers only after its
+record is on disk, so every later request to any replica sees the image; a restarted or replacement replica
+loads the whole log: nothing is lost. The live folder must be a POSIX
 filesystem that all replicas share (local disk on one node, NFS/EFS on a cluster).
 """
 from __future__ import annotations
@@ -284,6 +284,8 @@ class LiveImages:
         return dict(enabled=self.log is not None, live_dir=self.log.dir if self.log else None, added_here=self.added,
                     log_seq_applied=c.seq if c else 0, log_bytes_applied=c.log_off if c else 0,
                     log_rows_uncompacted=c.log_rows if c else 0, compactions_here=len(self.compactions),
+                    torn_tails_cut=len(self.log.repairs) if self.log else 0,
+                    damaged_records_kept_aside=len(self.log.corruptions) if self.log else 0,
                     cache_entries=len(self.cache.items), cache_hits=self.cache.hits, cache_misses=self.cache.misses)
 
 

@@ -10,17 +10,33 @@ A live folder (``live_dir``; one per shard) holds:
   LOG with only a header replaces it, so LOG never disappears).
 - ``parts/<first>-<last>.parquet``: compacted rows, at most ``part_rows`` rows and about ``part_bytes`` each,
   written by ``write_token_table`` like any token table (same schema and metadata as the served tables).
-- ``MANIFEST``: JSON naming the parts and ``through``, the last sequence number they hold; replaced
-  atomically. It is the commit point of a compaction: a part it does not name is not read (and is removed
-  by the next compaction), a record numbered at or below ``through`` is skipped (its row is in a part).
+- ``MANIFEST``: JSON naming the parts, ``through`` (the last sequence number they hold) and ``generation`` (one
+  more at every commit); replaced atomically. It is the commit point of a compaction: a part it does not name is
+  not read (and is removed by the next compaction), a record numbered at or below ``through`` is skipped (its
+  row is in a part).
+- ``corrupt/``: the bytes of a complete record whose checksum failed (damage on disk, never a crash), kept aside.
+
+**Generations.** A LOG is named by the first sequence number in its header, as SQLite's WAL salt, LevelDB's
+manifest number and Kafka's base offset name theirs: by what the file holds, never by where it sits. A new LOG
+starts after the last record of the one it replaces, so the number only grows. A reader's cursor holds the
+generation and the byte it read up to; a LOG of another generation is read from its header after the parts and
+sealed segments (a catch-up). Inode numbers, sizes and times never identify a file: a freed inode number is handed
+to the next new file at once (ext4), and NFS clients do not share them.
+
+**What an acknowledged add survives.** Every replica may append (under the exclusive lock, after reading every
+record there is, so duplicate ids are refused across replicas). An add answers only after its record is
+fsync'd; when the write or the fsync fails, the record is cut off again before the error is returned. Readers
+read under the shared lock, so none applies a record before it is durable. An acknowledged record survives a
+crash of any process at any step, compactions included, and a restart of every replica.
 
 Compaction (``LiveLog.compact``): seal LOG; write each new part to a temp name, fsync, rename, fsync the
 folder; write MANIFEST (temp, fsync, rename, fsync); only then drop the sealed segments and a small part it
 merged. A process that dies at any step loses nothing and counts nothing twice: before MANIFEST the
 segments still hold every row, after it ``through`` hides their records. A record cut short at the end of
 LOG (a writer that died mid-append) is skipped by readers and cut off, with a warning, by the next process
-that opens the folder or appends to it. Legacy folders (a text ``LOG`` naming one Parquet table per image
-under ``tables/``) are folded into the log on first open.
+that opens the folder or appends to it; the cut point is found by scanning LOG from its header under the
+exclusive lock. Legacy folders (a text ``LOG`` naming one Parquet table per image under ``tables/``) are folded
+into the log on first open.
 """
 from __future__ import annotations
 
@@ -42,11 +58,12 @@ from edje.schemas.token_table import METADATA_KEY, TableMetadata, read_token_tab
 log = logging.getLogger("ray.serve")
 
 LOG_NAME, LOCK_NAME, COMPACT_LOCK_NAME, MANIFEST_NAME = "LOG", "LOCK", "COMPACT.lock", "MANIFEST"
-WAL_DIR, PARTS_DIR = "wal", "parts"
+WAL_DIR, PARTS_DIR, CORRUPT_DIR = "wal", "parts", "corrupt"
 LEGACY_LOG, LEGACY_TABLES = "LOG.v1", "tables"  # the one-table-per-image layout this log replaces
 MAGIC = b"EDJELOG1"
 HEAD = struct.Struct("<8sIIQ")  # magic, schema length, crc32 of the schema, first sequence number
 REC = struct.Struct("<IIQ")  # payload length, crc32 of (sequence number + payload), sequence number
+BAD_LAST_RECORD = "a complete last record whose checksum does not match"
 # Names the step a compaction dies at (os._exit(CRASH_EXIT)); set only by tests/test_live_log.py.
 CRASH_ENV, CRASH_EXIT = "EDJE_LIVE_LOG_CRASH_AT", 86
 CRASH_STEPS = ("linked", "rotated", "part_tmp", "part_renamed", "manifest_written", "segment_dropped",
@@ -85,17 +102,21 @@ class Manifest:
 
     through: int = 0
     parts: List[PartInfo] = field(default_factory=list)
+    generation: int = 0  # one more at every commit
 
 
 @dataclass
 class Cursor:
-    """How far one reader has read: the sequence number, and where in LOG (which file, which byte)."""
+    """How far one reader has read: the sequence number, and where in LOG (which generation, which byte).
+
+    A LOG generation is named by the first sequence number its header holds, never by where the file sits (an
+    inode number is handed to the next new file as soon as it is free, and NFS clients do not share them)."""
 
     seq: int = 0
-    log_ino: int = 0  # 0: LOG not read yet
-    log_off: int = 0  # bytes of LOG read (header and whole records)
+    log_gen: int = -1  # first_seq in the header of the LOG read last; 0: there was no LOG; -1: not read yet
+    log_off: int = 0  # bytes of that LOG read (header and whole records)
     log_rows: int = 0  # rows in LOG up to log_off (what triggers a compaction)
-    manifest: tuple = (0, 0, 0)  # (inode, size, mtime_ns) of MANIFEST when last read
+    manifest_gen: int = 0  # MANIFEST's generation when last read
     schema: Optional[pa.Schema] = None
 
 
@@ -108,15 +129,6 @@ def _crash_point(step: str) -> None:
 def _pad8(n: int) -> int:
     """n rounded up to a multiple of 8 (records and batches stay 8-byte aligned for Arrow)."""
     return (n + 7) & ~7
-
-
-def _sig(path: str) -> tuple:
-    """(inode, size, mtime_ns) of a file, zeros when absent."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return (0, 0, 0)
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _fsync_dir(path: str) -> None:
@@ -165,6 +177,24 @@ def parse_header(data: memoryview, where: str) -> Tuple[pa.Schema, int, int]:
     return pa.ipc.read_schema(pa.py_buffer(bytes(raw))), first, HEAD.size + _pad8(n)
 
 
+def generation_of(fd: int, where: str) -> int:
+    """The generation (first sequence number) a segment's header names, read from an open file."""
+    head = os.pread(fd, HEAD.size, 0)
+    if len(head) < HEAD.size or head[:8] != MAGIC:
+        raise LiveLogCorrupt(f"{where}: not a live log segment (no {MAGIC.decode()} header)")
+    return HEAD.unpack(head)[3]
+
+
+def log_state(path: str) -> Tuple[int, int]:
+    """(generation, size) of LOG; (0, 0) when there is none. One open, one 24-byte read, one fstat."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return 0, 0
+    with f:
+        return generation_of(f.fileno(), path), os.fstat(f.fileno()).st_size
+
+
 def record(seq: int, batch: pa.RecordBatch) -> bytes:
     """One log record holding a batch of rows."""
     payload = batch.serialize().to_pybytes()
@@ -175,7 +205,8 @@ def record(seq: int, batch: pa.RecordBatch) -> bytes:
 
 def scan(data: memoryview, start: int, where: str) -> Tuple[List[Tuple[int, int, int]], int, str]:
     """Whole records from byte `start`: [(seq, payload start, payload end)], the offset after the last one, and
-    why the bytes after it are no record ('' when there are none: a write in progress or a torn one)."""
+    why the bytes after it are no record ('' when there are none; BAD_LAST_RECORD for a complete last record
+    whose checksum fails, which no torn write leaves)."""
     out, pos, n = [], start, len(data)
     while pos < n:
         if n - pos < REC.size:
@@ -189,7 +220,7 @@ def scan(data: memoryview, start: int, where: str) -> Tuple[List[Tuple[int, int,
             if bytes(data[pos:]).count(0) == n - pos:
                 return out, pos, f"{n - pos} zero bytes (a size written before its data)"
             if end == n:
-                return out, pos, "a last record whose checksum does not match"
+                return out, pos, BAD_LAST_RECORD
             raise LiveLogCorrupt(f"{where}: record at byte {pos} fails its checksum and records follow it")
         out.append((seq, body, body + length))
         pos = end
@@ -207,16 +238,16 @@ def decode(data: memoryview, recs: Sequence[Tuple[int, int, int]], schema: pa.Sc
     return out, after
 
 
-def read_manifest(path: str) -> Tuple[Manifest, tuple]:
-    """MANIFEST and its signature (empty when there is none)."""
+def read_manifest(path: str) -> Tuple[Manifest, int]:
+    """MANIFEST and its generation (an empty manifest, generation 0, when there is none)."""
     try:
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
             raw = json.loads(f.read())
     except FileNotFoundError:
-        return Manifest(), (0, 0, 0)
+        return Manifest(), 0
     parts = [PartInfo(**p) for p in raw["parts"]]
-    return Manifest(raw["through"], parts), (st.st_ino, st.st_size, st.st_mtime_ns)
+    generation = raw.get("generation", 0)  # folders written before MANIFEST carried one
+    return Manifest(raw["through"], parts, generation), generation
 
 
 class _FileLock:
@@ -242,19 +273,20 @@ class _FileLock:
 
 
 @dataclass
-class _Opened:
-    """Files a catch-up reads, opened under the shared lock (open files outlive an unlink)."""
+class _Snapshot:
+    """What one poll reads, taken under the lock: LOG's new bytes (same generation), or everything (catch-up).
+    Parts stay open files and are read after the lock is released (open files outlive an unlink)."""
 
-    manifest: Manifest
-    manifest_sig: tuple
-    parts: List[Tuple[PartInfo, object]]
-    segments: List[Tuple[str, object]]
-    log: Optional[object]
+    log_gen: int  # 0: no LOG
+    log_data: memoryview  # LOG's bytes from `log_base` on
+    log_base: int
+    manifest: Optional[Manifest] = None  # None: a tail read (LOG is the generation the cursor is in)
+    parts: List[Tuple[PartInfo, object]] = field(default_factory=list)
+    segments: List[Tuple[str, memoryview]] = field(default_factory=list)
 
     def close(self) -> None:
-        for f in [f for _, f in self.parts] + [f for _, f in self.segments] + [self.log]:
-            if f is not None:
-                f.close()
+        for _, f in self.parts:
+            f.close()
 
 
 class LiveLog:
@@ -269,10 +301,13 @@ class LiveLog:
         self.lock_path = os.path.join(self.dir, LOCK_NAME)
         self.manifest_path = os.path.join(self.dir, MANIFEST_NAME)
         self.wal_dir, self.parts_dir = os.path.join(self.dir, WAL_DIR), os.path.join(self.dir, PARTS_DIR)
+        self.corrupt_dir = os.path.join(self.dir, CORRUPT_DIR)
         os.makedirs(self.dir, exist_ok=True)
         open(self.lock_path, "a").close()
         self.cursor = Cursor()
         self.repairs: List[str] = []  # torn tails this object cut off (each also logged as a warning)
+        self.corruptions: List[str] = []  # damaged records this object moved aside (each also logged as an error)
+        self._broken: Optional[str] = None  # why appends are refused: a failed write could not be undone
         if recover and self._legacy_pending():
             with self.locked():
                 self._migrate_legacy()
@@ -280,9 +315,8 @@ class LiveLog:
     # -- reading --------------------------------------------------------------------------------------
 
     def changed(self) -> bool:
-        """Whether anything was committed (or compacted) since the last poll: two stats."""
-        ino, size, _ = _sig(self.path)
-        return (ino, size) != (self.cursor.log_ino, self.cursor.log_off) or _sig(self.manifest_path) != self.cursor.manifest
+        """Whether anything was committed (or compacted) since the last poll: LOG's generation and size."""
+        return log_state(self.path) != (self.cursor.log_gen, self.cursor.log_off)
 
     def poll(self) -> Optional[pa.Table]:
         """Rows committed since the last poll, oldest first, or None. Right after a compaction, rows this reader
@@ -290,72 +324,113 @@ class LiveLog:
         also cuts off a torn LOG tail, with a warning."""
         if not self.changed():
             return None
-        return self._poll(locked=False, repair=not self.cursor.log_ino)
+        return self._poll(locked=False, repair=self.cursor.log_gen < 0)
 
     def poll_locked(self) -> Optional[pa.Table]:
-        """`poll` for a caller holding `locked()` (a writer, before its duplicate check and its append)."""
+        """`poll` for a caller holding `locked()` (a writer, before its duplicate check and its append): it catches
+        up whatever happened since, compactions included, and cuts a torn tail."""
         if not self.changed():
             return None
         return self._poll(locked=True, repair=True)
 
     def _poll(self, locked: bool, repair: bool) -> Optional[pa.Table]:
-        if self.cursor.log_ino and _sig(self.manifest_path) == self.cursor.manifest:
-            got = self._tail(locked, repair)
-            if got is not False:
-                return got
-        return self._catch_up(locked, repair)
-
-    def _tail(self, locked: bool, repair: bool):
-        """New records of the LOG this reader is in (no lock: appends are whole records); False when LOG was replaced."""
+        # Reads happen under the lock (shared for readers): a writer holds it exclusively from its write through its
+        # fsync, so a reader never sees a record before it is durable, nor bytes of a write in flight.
+        with (_nolock() if locked else _FileLock(self.lock_path, exclusive=False)):
+            snap = self._snapshot()
         try:
-            f = open(self.path, "rb")
-        except FileNotFoundError:
-            return False
-        with f:
-            if os.fstat(f.fileno()).st_ino != self.cursor.log_ino:
-                return False
-            f.seek(self.cursor.log_off)
-            data = memoryview(f.read())
-        return self._table(self._read_log_bytes(data, 0, self.cursor.log_off, locked, repair))
-
-    def _read_log_bytes(self, data: memoryview, start: int, base: int, locked: bool, repair: bool
-                        ) -> List[pa.RecordBatch]:
-        """Decode LOG's records in `data` (byte 0 of it is byte `base` of LOG) and move the cursor past them."""
-        recs, end, torn = scan(data, start, self.path)
-        got, self.cursor.seq = decode(data, recs, self.cursor.schema, self.cursor.seq)
-        self.cursor.log_off = base + end
-        self.cursor.log_rows += sum(b.num_rows for _, b in got)
+            got, torn = self._read(snap)
+        finally:
+            snap.close()
         if torn and repair:
-            self._cut_torn_tail(self.cursor.log_ino, self.cursor.log_off, torn, locked)
-        return [b for _, b in got]
+            self._repair(locked)
+        return got
 
-    def _cut_torn_tail(self, ino: int, end: int, why: str, locked: bool) -> None:
-        """Under the exclusive lock no append is in flight: bytes after LOG's last whole record are a torn write."""
-        with (_nolock() if locked else self.locked()):
-            with open(self.path, "r+b") as f:
-                if os.fstat(f.fileno()).st_ino != ino:
-                    return  # replaced meanwhile: whoever sealed it cut it
-                f.seek(end)
-                rest = memoryview(f.read())
-                if not rest or scan(rest, 0, self.path)[0]:
-                    return  # a write in flight when this reader looked, finished since
-                msg = f"live log {self.path}: ignoring {len(rest)} bytes after byte {end} ({why}): a write cut short"
-                log.warning(msg)
-                self.repairs.append(msg)
-                f.truncate(end)
-                f.flush()
-                os.fsync(f.fileno())
-
-    def _open_all(self) -> _Opened:
-        """Open what a catch-up reads; call under the lock (shared is enough: compactions commit under exclusive)."""
-        manifest, sig = read_manifest(self.manifest_path)
-        parts = [(p, open(os.path.join(self.parts_dir, p.name), "rb")) for p in manifest.parts if p.last > self.cursor.seq]
-        segments = [(p, open(p, "rb")) for p in self._segments()]
+    def _snapshot(self) -> _Snapshot:
+        """LOG's bytes past the cursor when it is still the generation the cursor is in; else everything there is."""
         try:
             log_f = open(self.path, "rb")
         except FileNotFoundError:
             log_f = None
-        return _Opened(manifest, sig, parts, segments, log_f)
+        with (log_f or _nolock()):
+            gen = generation_of(log_f.fileno(), self.path) if log_f is not None else 0
+            if gen == self.cursor.log_gen and self.cursor.schema is not None:
+                log_f.seek(self.cursor.log_off)
+                return _Snapshot(gen, memoryview(log_f.read()), self.cursor.log_off)
+            manifest, _ = read_manifest(self.manifest_path)
+            parts = []
+            try:
+                for p in manifest.parts:
+                    if p.last > self.cursor.seq:
+                        parts.append((p, open(os.path.join(self.parts_dir, p.name), "rb")))
+            except BaseException:
+                for _, f in parts:
+                    f.close()
+                raise
+            segments = []
+            for path in self._segments():
+                with open(path, "rb") as f:
+                    segments.append((path, memoryview(f.read())))
+            data = memoryview(log_f.read()) if log_f is not None else memoryview(b"")
+            return _Snapshot(gen, data, 0, manifest, parts, segments)
+
+    def _read(self, snap: _Snapshot) -> Tuple[Optional[pa.Table], str]:
+        """Decode a snapshot and move the cursor past it: (rows, why LOG's last bytes are no record or '')."""
+        c, pieces, batches = self.cursor, [], []
+        if snap.manifest is not None:
+            pieces = [self._read_part(p, f) for p, f in snap.parts]
+            c.seq = max(c.seq, snap.manifest.through)
+            c.manifest_gen = snap.manifest.generation
+            for path, data in snap.segments:
+                batches += [b for _, b in self._read_segment(path, data)]
+        torn = ""
+        if snap.log_gen == 0:
+            c.log_gen, c.log_off, c.log_rows = 0, 0, 0
+        else:
+            start = 0
+            if snap.manifest is not None:  # a LOG read from its header
+                schema, first, start = parse_header(snap.log_data, self.path)
+                self._adopt(schema, self.path)
+                c.log_gen, c.log_rows = first, 0
+                c.seq = max(c.seq, first - 1)  # every record before this LOG's first is in a part or a segment
+            recs, end, torn = scan(snap.log_data, start, self.path)
+            got, c.seq = decode(snap.log_data, recs, c.schema, c.seq)
+            c.log_off = snap.log_base + end
+            c.log_rows += sum(b.num_rows for _, b in got)
+            batches += [b for _, b in got]
+        return self._table(pieces + ([pa.Table.from_batches(batches)] if batches else [])), torn
+
+    def _repair(self, locked: bool) -> None:
+        """Cut what follows LOG's last whole record, found by scanning LOG from its header under the exclusive lock
+        (never from a reader's offset: it may belong to a LOG that was replaced since). A torn write is cut with a
+        warning; a complete record that fails its checksum is corruption: moved aside, counted, logged as an error."""
+        with (_nolock() if locked else self.locked()):
+            try:
+                f = open(self.path, "r+b")
+            except FileNotFoundError:
+                return
+            with f:
+                data = memoryview(f.read())
+                _, _, start = parse_header(data, self.path)
+                _, end, why = scan(data, start, self.path)
+                if not why:
+                    return  # cut already, by whoever held the lock before
+                rest = bytes(data[end:])
+                if why == BAD_LAST_RECORD:
+                    os.makedirs(self.corrupt_dir, exist_ok=True)
+                    kept = os.path.join(self.corrupt_dir, f"LOG-{generation_of(f.fileno(), self.path):016d}-at-{end}.bin")
+                    _write_atomic(kept, rest)
+                    msg = (f"live log {self.path}: the record at byte {end} ({len(rest)} bytes) fails its checksum: "
+                           f"damaged on disk; moved to {kept}")
+                    log.error(msg)
+                    self.corruptions.append(msg)
+                else:
+                    msg = f"live log {self.path}: ignoring {len(rest)} bytes after byte {end} ({why}): a write cut short"
+                    log.warning(msg)
+                    self.repairs.append(msg)
+                f.truncate(end)
+                f.flush()
+                os.fsync(f.fileno())
 
     def _segments(self) -> List[str]:
         """Sealed segments, oldest first."""
@@ -363,58 +438,23 @@ class LiveLog:
             return []
         return [os.path.join(self.wal_dir, n) for n in sorted(os.listdir(self.wal_dir)) if n.endswith(".wal")]
 
-    def _catch_up(self, locked: bool, repair: bool) -> Optional[pa.Table]:
-        """Parts, sealed segments and LOG after this reader's sequence number (start-up, after a compaction)."""
-        if locked:
-            opened = self._open_all()
-        else:
-            with _FileLock(self.lock_path, exclusive=False):
-                opened = self._open_all()
-        try:
-            pieces = [self._read_part(p, f) for p, f in opened.parts]
-            self.cursor.seq = max(self.cursor.seq, opened.manifest.through)
-            batches = []
-            for path, f in opened.segments:
-                batches += [b for _, b in self._read_segment(path, f)]
-            if opened.log is not None:
-                batches += self._read_log(opened.log, locked, repair)
-            self.cursor.manifest = opened.manifest_sig
-        finally:
-            opened.close()
-        return self._table(pieces + ([pa.Table.from_batches(batches)] if batches else []))
-
     def _read_part(self, part: PartInfo, f) -> pa.Table:
         """A committed part, checked against the expected metadata, in the log's schema."""
         table = pq.read_table(f)
         self._adopt(table.schema, os.path.join(self.parts_dir, part.name))
         return table.cast(self.cursor.schema)
 
-    def _read_segment(self, path: str, f) -> List[Tuple[int, pa.RecordBatch]]:
+    def _read_segment(self, path: str, data: memoryview) -> List[Tuple[int, pa.RecordBatch]]:
         """Records of a sealed segment numbered above the cursor (from where this reader stopped, if it was its LOG)."""
-        if os.fstat(f.fileno()).st_ino == self.cursor.log_ino and self.cursor.schema is not None:
-            f.seek(self.cursor.log_off)
-            data, start = memoryview(f.read()), 0
-        else:
-            data = memoryview(f.read())
-            schema, _, start = parse_header(data, path)
-            self._adopt(schema, path)
+        schema, first, start = parse_header(data, path)
+        self._adopt(schema, path)
+        if first == self.cursor.log_gen:
+            start = max(start, self.cursor.log_off)
         recs, _, torn = scan(data, start, path)
         if torn:  # sealed after a repair: only a torn write after an interrupted rotation ends up here
             log.warning("live log %s: ignoring a torn tail (%s)", path, torn)
         got, self.cursor.seq = decode(data, recs, self.cursor.schema, self.cursor.seq)
         return got
-
-    def _read_log(self, f, locked: bool, repair: bool) -> List[pa.RecordBatch]:
-        """Records of LOG: from where this reader stopped when it is the same file, else from its header."""
-        ino = os.fstat(f.fileno()).st_ino
-        if ino == self.cursor.log_ino:
-            f.seek(self.cursor.log_off)
-            return self._read_log_bytes(memoryview(f.read()), 0, self.cursor.log_off, locked, repair)
-        data = memoryview(f.read())
-        schema, _, start = parse_header(data, self.path)
-        self._adopt(schema, self.path)
-        self.cursor.log_ino, self.cursor.log_rows = ino, 0
-        return self._read_log_bytes(data, start, 0, locked, repair)
 
     def _adopt(self, schema: pa.Schema, where: str) -> None:
         """Check a segment's or part's schema against the expected metadata and against the rest of the log."""
@@ -431,9 +471,7 @@ class LiveLog:
 
     @staticmethod
     def _table(pieces: List) -> Optional[pa.Table]:
-        """One table of batches or tables (chunked: each consumer combines only the columns it reads), None when empty."""
-        if pieces and isinstance(pieces[0], pa.RecordBatch):
-            pieces = [pa.Table.from_batches(pieces)]
+        """One table of tables (chunked: each consumer combines only the columns it reads), None when empty."""
         if not pieces:
             return None
         table = pa.concat_tables(pieces)
@@ -447,37 +485,55 @@ class LiveLog:
 
     def append(self, table: pa.Table) -> int:
         """Append a table's rows as one record and fsync it; returns its sequence number. Call under `locked()`
-        after `poll_locked()`: the record must follow every record there is."""
+        after `poll_locked()`: the record must follow every record there is. When the write or its fsync fails,
+        the record is cut off again before the error is raised (readers, who read under the lock, never saw it)."""
         if table.num_rows == 0:
             raise ValueError("nothing to append")
+        if self._broken:
+            raise LiveLogCorrupt(self._broken)
         if self.cursor.schema is None:
             self._adopt(table.schema, "the appended rows")
         elif not _same_layout(table.schema, self.cursor.schema):
             raise ValueError("rows of another table layout than the live log's")
-        ino, size, _ = _sig(self.path)
-        if not ino and not self.cursor.log_ino:
+        if log_state(self.path) == (0, 0) and self.cursor.log_gen <= 0:
             self._create_log(self.cursor.seq + 1)
-            ino, size, _ = _sig(self.path)
-        if (ino, size) != (self.cursor.log_ino, self.cursor.log_off) or _sig(self.manifest_path) != self.cursor.manifest:
-            raise RuntimeError("the live log moved since this reader's last poll: poll_locked() under the lock first")
         seq = self.cursor.seq + 1
         data = record(seq, table.combine_chunks().to_batches()[0])  # a batch holds no names: no cast needed
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         try:
-            if os.write(fd, data) != len(data):
-                raise OSError(f"short write to {self.path}")  # a torn tail: the next writer cuts it off
-            os.fdatasync(fd)  # an add answers only once its record is on disk
+            state = (generation_of(fd, self.path), os.fstat(fd).st_size)
+            if state != (self.cursor.log_gen, self.cursor.log_off):
+                raise RuntimeError(f"the live log is at generation/byte {state}, this writer at "
+                                   f"{(self.cursor.log_gen, self.cursor.log_off)}: append under locked() right after "
+                                   "poll_locked()")
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(f"short write to {self.path}")
+                os.fdatasync(fd)  # an add answers only once its record is on disk
+            except OSError:
+                self._undo(fd, state[1])
+                raise
         finally:
             os.close(fd)
         self.cursor.seq, self.cursor.log_off = seq, self.cursor.log_off + len(data)
         self.cursor.log_rows += table.num_rows
         return seq
 
+    def _undo(self, fd: int, size: int) -> None:
+        """Cut a record whose write or fsync failed, so that no reader ever applies a row its client saw refused."""
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError as e:
+            # Whether the record is on disk is unknown: refuse further appends here; a restart rescans the log.
+            self._broken = f"live log {self.path}: a failed append could not be cut off ({e}); restart this replica"
+            log.error(self._broken)
+
     def _create_log(self, first_seq: int) -> None:
         """A LOG with only its header, under its final name at once (the first append to a folder)."""
-        _write_atomic(self.path, segment_header(self.cursor.schema, first_seq))
-        ino, size, _ = _sig(self.path)
-        self.cursor.log_ino, self.cursor.log_off, self.cursor.log_rows = ino, size, 0
+        header = segment_header(self.cursor.schema, first_seq)
+        _write_atomic(self.path, header)
+        self.cursor.log_gen, self.cursor.log_off, self.cursor.log_rows = first_seq, len(header), 0
 
     def wants_compaction(self) -> bool:
         """Whether LOG, as this reader last saw it, holds enough to compact."""
@@ -497,20 +553,19 @@ class LiveLog:
     def _rotate(self) -> None:
         """Seal LOG as wal/<first seq>.wal and start a fresh LOG, under the exclusive lock (appends wait)."""
         with self.locked():
+            self._repair(locked=True)
             try:
                 with open(self.path, "rb") as f:
-                    ino, data = os.fstat(f.fileno()).st_ino, memoryview(f.read())
+                    data = memoryview(f.read())
             except FileNotFoundError:
                 return
             schema, first, start = parse_header(data, self.path)
-            recs, end, torn = scan(data, start, self.path)
-            if torn:
-                self._cut_torn_tail(ino, end, torn, locked=True)
+            recs, _, _ = scan(data, start, self.path)
             if not recs:
                 return
             os.makedirs(self.wal_dir, exist_ok=True)
             sealed = os.path.join(self.wal_dir, f"{first:016d}.wal")
-            if not (os.path.exists(sealed) and os.path.samefile(sealed, self.path)):  # else: a rotation cut short
+            if not os.path.exists(sealed):  # else: a rotation cut short after its link (the name is the generation)
                 os.link(self.path, sealed)
                 _fsync_dir(self.wal_dir)
             _crash_point("linked")
@@ -527,7 +582,7 @@ class LiveLog:
         got = []
         for path in segments:
             with open(path, "rb") as f:
-                got += reader._read_segment(path, f)
+                got += reader._read_segment(path, memoryview(f.read()))
         if not got:
             self._commit(manifest, None, segments, [])
             return None
@@ -546,7 +601,7 @@ class LiveLog:
         else:
             parts = self._write_parts(new, lo, hi)
         kept = [p for p in manifest.parts if merged is None or p.name != merged.name]
-        committed = Manifest(reader.cursor.seq, kept + parts)
+        committed = Manifest(reader.cursor.seq, kept + parts, manifest.generation + 1)
         self._commit(manifest, committed, segments, [merged] if merged else [])
         return dict(parts=[asdict(p) for p in parts], merged=merged.name if merged else None,
                     segments=len(segments), rows=new.num_rows, through=committed.through)
@@ -586,7 +641,8 @@ class LiveLog:
         """Write MANIFEST (the commit), then drop the segments and the part it made redundant."""
         with self.locked():  # readers open their files under the shared lock: never half a compaction
             if new is not None:
-                raw = json.dumps(dict(through=new.through, parts=[asdict(p) for p in new.parts]), indent=1)
+                raw = json.dumps(dict(generation=new.generation, through=new.through,
+                                      parts=[asdict(p) for p in new.parts]), indent=1)
                 _write_atomic(self.manifest_path, raw.encode())
                 _crash_point("manifest_written")
             for path in segments:
@@ -660,20 +716,19 @@ class LiveLog:
 
     def size(self) -> int:
         """A number that changes whenever the log does, equal to what `read` last returned while nothing changed."""
-        ino, size, _ = _sig(self.path)
-        return hash((ino, size, _sig(self.manifest_path)))
+        return hash(log_state(self.path))
 
     def read(self, offset: int = 0) -> Tuple[List[pa.Table], int]:
         """([rows committed since this object's last read] or [], `size()` as of that read). `offset` is
         ignored: the object keeps its own place (its cursor)."""
         table = self.poll()
-        c = self.cursor
-        return ([table] if table is not None else []), hash((c.log_ino, c.log_off, c.manifest))
+        return ([table] if table is not None else []), hash((self.cursor.log_gen, self.cursor.log_off))
 
     def files(self) -> dict:
         """How many files of each kind the live log has (benchmarks, reports)."""
         return dict(log=int(os.path.exists(self.path)), segments=len(self._segments()),
-                    parts=_count(self.parts_dir, ".parquet"), manifest=int(os.path.exists(self.manifest_path)))
+                    parts=_count(self.parts_dir, ".parquet"), manifest=int(os.path.exists(self.manifest_path)),
+                    corrupt=_count(self.corrupt_dir, ".bin"))
 
 
 class _nolock:

@@ -145,5 +145,5 @@ class RerankerCore:
         return dict(device=str(self.scorer.device), precision=self.scorer.precision, pid=os.getpid(),
                     replica=self.replica, dynamic_batching=self.config.dynamic_batching,
                     max_batch_pairs=self.config.max_batch_pairs, torch_threads=torch.get_num_threads(),
-                    ranking=dataclasses.asdict(self.ranking), live_images=self.live.info(),
+                    ranking=dataclasses.asdict(self.ranking), live_images={**self.live.info(), "replica": self.replica},
                     token_store=self.store.info())

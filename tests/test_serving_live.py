@@ -216,3 +216,64 @@ def test_added_images_survive_a_restart(served, images, corpus):
     assert http.get(url + "/v1/info").json()["corpus_size"] == 50
     r = http.post(url + "/v1/images", json={"image": base64.b64encode(data).decode()}, timeout=120)
     assert r.status_code == 409, r.text  # the same content again: its default id is taken
+
+
+def test_images_added_through_both_replicas_while_compactions_run_are_served_once_after_a_restart(served, corpus):
+    import threading
+
+    from ray import serve
+
+    from edje.model.backbone import VisionBackbone
+    from edje.serving.app import build
+
+    url, http, cfg = served
+    before = http.get(url + "/v1/info").json()["corpus_size"]
+    size = VisionBackbone.create(corpus.config.backbone).preprocess.size
+    rng = np.random.default_rng(7)
+    n = 24
+    bodies = [{"image": base64.b64encode(_png(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))).decode(),
+               "id": f"burst-{i:02d}"} for i in range(n)]
+    stop, compactions = threading.Event(), []
+
+    def compact_meanwhile():  # a third process's compactions (an operator's `live_log compact`) beside the replicas
+        live = LiveLog(cfg.live_dir)
+        while not stop.is_set():
+            got = live.compact()
+            if got:
+                compactions.append(got)
+            stop.wait(0.05)
+
+    def add(body):
+        s = requests.Session()
+        s.headers["Authorization"] = f"Bearer {TOKEN}"
+        return s.post(url + "/v1/images", json=body, timeout=120)
+
+    compactor = threading.Thread(target=compact_meanwhile)
+    compactor.start()
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(add, bodies))
+    finally:
+        stop.set()
+        compactor.join()
+    assert [r.status_code for r in answers] == [200] * n, [r.text for r in answers if r.status_code != 200]
+    assert compactions, "no compaction ran while the images were added"
+    added_by = {}
+    for _ in range(40):  # /v1/info answers from either replica: both must have taken adds
+        live = http.get(url + "/v1/info").json()["live_images"]
+        added_by[live["replica"]] = live["added_here"]
+        if len(added_by) == 2:
+            break
+    assert len(added_by) == 2 and all(added_by.values()), added_by
+
+    serve.delete("live")
+    serve.run(build(cfg), name="live", route_prefix="/")
+    ids = [b["id"] for b in bodies]
+    assert http.get(url + "/v1/info").json()["corpus_size"] == before + n
+    hits = http.post(url + "/v1/search", json={"query": corpus.captions[0], "top_k": before + n}, timeout=120)
+    assert hits.status_code == 200, hits.text
+    found = [h["image_id"] for h in hits.json()["results"]]
+    assert len(found) == before + n and len(set(found)) == len(found) and set(ids) <= set(found)  # each once
+    r = http.post(url + "/v1/rerank", json={"query": corpus.captions[0], "documents": ids}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert sorted(x["index"] for x in r.json()["results"]) == list(range(n))
