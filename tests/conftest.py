@@ -1,7 +1,11 @@
 """Shared fixtures: tiny model configs, the offline MiniLM copy, a local Ray instance."""
 from __future__ import annotations
 
+import ast
+import functools
 import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,30 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # made before the package existed does not map it.
 
 from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
+
+
+def _serialize_ast_parse() -> None:
+    """Let one thread at a time build an AST object (ast.parse) in this process.
+
+    CPython 3.11.0-3.11.7 keep the AST constructor's recursion-depth counter in interpreter-wide state: when a
+    garbage collection inside ast.parse runs Python code (a finalizer) and switches threads, another thread's
+    ast.parse resets that counter to its own stack depth, and the first fails with "SystemError: AST constructor
+    recursion depth mismatch (before=<its depth>, after=<the other's>)" (fixed in 3.11.8). In the suite, Ray
+    Data's usage-metrics poller (a thread left running after the first Ray Data test) logs a traceback at DEBUG
+    to ray-data.log for each failed Prometheus query, and 3.11 tracebacks ast.parse each line for their carets;
+    the main thread parses too (hypothesis reads predicates' and lambdas' source, inspect, pytest)."""
+    parse, lock = ast.parse, threading.RLock()
+
+    @functools.wraps(parse)
+    def serialized_parse(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+
+    ast.parse = serialized_parse
+
+
+if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:3] < (3, 11, 8):
+    _serialize_ast_parse()
 
 TINY_BERT = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=128, max_position_embeddings=128)

@@ -1,7 +1,7 @@
 """Image urls cannot reach loopback, private or link-local addresses unless allowed (server-side request forgery).
 
 No test here sends traffic anywhere but loopback, even when the guard under test is broken: every socket
-connect goes through `connect_guard`, which refuses (and records) any non-loopback address, and host
+connect the test's code makes goes through `connect_guard`, which refuses (and records) any non-loopback address, and host
 names other than `localhost` resolve only through a stubbed resolver. The images are served by a tiny
 http.server on 127.0.0.1 run by the test itself.
 """
@@ -116,12 +116,23 @@ def _is_loopback(address) -> bool:
 
 @pytest.fixture(autouse=True)
 def connect_guard(monkeypatch):
-    """Every socket connect in this module: loopback ones go through; any other is refused, recorded, and fails
-    the test (unless the test lists it in `expected`, for a connection the policy should allow)."""
-    guard = SimpleNamespace(attempts=[], blocked=[], expected=[])
+    """Every socket connect the code under test makes: loopback ones go through; any other is refused, recorded,
+    and fails the test (unless the test lists it in `expected`, for a connection the policy should allow).
+
+    The patch is process-wide, so threads left running by earlier tests in the same process (Ray Data's usage
+    poller queries Prometheus on localhost:9090 every 10 s) connect through it too: those threads were alive
+    before this test began, so they are not the code under test; their connects go straight through and are
+    kept apart in `background`. The test's own thread and every thread started during the test (an event loop
+    a TestClient runs, an executor's) are checked and recorded."""
+    guard = SimpleNamespace(attempts=[], blocked=[], expected=[], background=[])
     real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+    # Thread objects, not idents: an ident may be reused by a thread started later, one of the test's own.
+    before = set(threading.enumerate()) - {threading.current_thread()}
 
     def check(address):
+        if threading.current_thread() in before:
+            guard.background.append(address)
+            return
         guard.attempts.append(address)
         if not _is_loopback(address):
             guard.blocked.append(address[:2] if isinstance(address, tuple) else address)
@@ -185,6 +196,53 @@ def _refused(url, allow=None, **kw) -> ImageInputError:
     with pytest.raises(ImageInputError) as info:
         _fetch(url, allow, **kw)
     return info.value
+
+
+# ------------------------------------------------------------------------------------------ the guard
+@pytest.fixture(scope="module")
+def background_connector():
+    """A thread started before any test's connect_guard (module scope), standing in for one an earlier test left
+    running: `connect()` has it open a connection to a loopback listener of its own, and returns that address."""
+    import queue
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    jobs: queue.Queue = queue.Queue()
+
+    def serve():
+        while (done := jobs.get()) is not None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(5)
+                s.connect(listener.getsockname())
+            done.set()
+
+    thread = threading.Thread(target=serve, name="left-by-an-earlier-test", daemon=True)
+    thread.start()
+
+    def connect():
+        done = threading.Event()
+        jobs.put(done)
+        assert done.wait(10), "the background thread did not connect"
+        return listener.getsockname()
+
+    yield SimpleNamespace(connect=connect)
+    jobs.put(None)
+    thread.join(10)
+    listener.close()
+
+
+def test_the_guard_records_the_code_under_tests_connects_not_a_background_threads(
+        images, connect_guard, background_connector):
+    server, base = images
+    own = ("127.0.0.1", server.server_address[1])
+    background = background_connector.connect()  # during the test, from a thread that predates it
+    assert _fetch(base + "/img", LOOPBACK_ONLY) == BODY  # connects from the test's thread
+    fetched = []  # and from a thread started during the test (as a TestClient's event loop is): counted too
+    worker = threading.Thread(target=lambda: fetched.append(_fetch(base + "/img", LOOPBACK_ONLY)))
+    worker.start()
+    worker.join(20)
+    assert fetched == [BODY] and server.paths == ["/img", "/img"]
+    assert connect_guard.attempts == [own, own], connect_guard.attempts
+    assert background in connect_guard.background  # with any other thread's left running by earlier tests
 
 
 # ------------------------------------------------------------------------------------- loopback urls
