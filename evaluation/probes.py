@@ -13,7 +13,7 @@ images and scored on another of the same world:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -64,24 +64,42 @@ def _score(pred: np.ndarray, y: np.ndarray, multilabel: bool, regression: bool =
     return float((pred.argmax(1) == y.argmax(1)).mean())
 
 
+@dataclass(frozen=True)
+class RidgeProbe:
+    """A fitted linear probe: the training rows' standardisation and ridge weights (bias in the last row)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    weights: np.ndarray
+    alpha: float
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Scores [N, outputs] of raw features [N, F]."""
+        return _predict(self.weights, ((x - self.mean) / self.std).astype(np.float64))
+
+
+def fit_ridge(x_train: np.ndarray, y_train: np.ndarray, score: Callable[[np.ndarray, np.ndarray], float]) -> RidgeProbe:
+    """Standardise, choose the ridge strength on the last fifth of the training rows by ``score(pred, y)``, refit on all."""
+    mean, std = x_train.mean(0), x_train.std(0) + 1e-6
+    xt = ((x_train - mean) / std).astype(np.float64)
+    cut = int(len(xt) * 0.8)
+    best = max(ALPHAS, key=lambda a: score(_predict(_ridge(xt[:cut], y_train[:cut], a), xt[cut:]), y_train[cut:]))
+    return RidgeProbe(mean, std, _ridge(xt, y_train, best), best)
+
+
 def fit_probe(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
               multilabel: bool, regression: bool = False) -> ProbeResult:
     """Standardise, choose the ridge strength on a fifth of the training rows, refit, score held out
     (regression: R^2 of continuous targets, against 0 for always answering the mean)."""
-    mean, std = x_train.mean(0), x_train.std(0) + 1e-6
-    xt, xe = (x_train - mean) / std, (x_test - mean) / std
-    xt, xe = xt.astype(np.float64), xe.astype(np.float64)
-    cut = int(len(xt) * 0.8)
-    best = max(ALPHAS, key=lambda a: _score(_predict(_ridge(xt[:cut], y_train[:cut], a), xt[cut:]),
-                                            y_train[cut:], multilabel, regression))
-    pred = _predict(_ridge(xt, y_train, best), xe)
+    probe = fit_ridge(x_train, y_train, lambda p, y: _score(p, y, multilabel, regression))
+    pred, best = probe.predict(x_test), probe.alpha
     if regression:
-        return ProbeResult(name, _score(pred, y_test, False, True), 0.0, best, len(xt), len(xe))
+        return ProbeResult(name, _score(pred, y_test, False, True), 0.0, best, len(x_train), len(x_test))
     if multilabel:
         baseline = float((y_test < 0.5).mean())
     else:
         baseline = float(np.bincount(y_test.argmax(1), minlength=y_test.shape[1]).max() / len(y_test))
-    return ProbeResult(name, _score(pred, y_test, multilabel), baseline, best, len(xt), len(xe))
+    return ProbeResult(name, _score(pred, y_test, multilabel), baseline, best, len(x_train), len(x_test))
 
 
 def presence_labels(scenes: Sequence[Scene], attribute: str) -> np.ndarray:
@@ -94,25 +112,38 @@ def presence_labels(scenes: Sequence[Scene], attribute: str) -> np.ndarray:
     return y
 
 
-def local_features(tokens: np.ndarray, scenes: Sequence[Scene], attribute: str, window: int) -> tuple:
-    """Per object: the ``window`` x ``window`` tokens around its centre (edge-clamped, concatenated),
-    and its one-hot ``attribute``. ``tokens`` is [N, g*g, d] in row-major grid order."""
-    values = SHAPES if attribute == "shape" else tuple(COLOURS)
+def token_grid(tokens: np.ndarray) -> np.ndarray:
+    """[N, g*g, d] tokens in row-major grid order as [N, g, g, d]."""
     n, t, d = tokens.shape
     g = int(round(np.sqrt(t)))
     if g * g != t:
         raise ValueError(f"{t} tokens do not form a square grid")
-    grid = tokens.reshape(n, g, g, d)
-    half = window // 2
+    return tokens.reshape(n, g, g, d)
+
+
+def centre_cell(center: Sequence[float], g: int) -> tuple:
+    """(column, row) of the grid token under a centre given as fractions of the image side."""
+    return min(g - 1, int(center[0] * g)), min(g - 1, int(center[1] * g))
+
+
+def window_at(grid: np.ndarray, cx: int, cy: int, window: int) -> np.ndarray:
+    """The ``window`` x ``window`` tokens of one image's [g, g, d] grid around (cx, cy), edge-clamped, concatenated."""
+    g, half = grid.shape[0], window // 2
+    rows = np.clip(np.arange(cy - half, cy + half + 1), 0, g - 1)
+    cols = np.clip(np.arange(cx - half, cx + half + 1), 0, g - 1)
+    return grid[np.ix_(rows, cols)].reshape(-1)
+
+
+def local_features(tokens: np.ndarray, scenes: Sequence[Scene], attribute: str, window: int) -> tuple:
+    """Per object: the ``window`` x ``window`` tokens around its centre (edge-clamped, concatenated),
+    and its one-hot ``attribute``. ``tokens`` is [N, g*g, d] in row-major grid order."""
+    values = SHAPES if attribute == "shape" else tuple(COLOURS)
+    grid = token_grid(tokens)
     feats: List[np.ndarray] = []
     labels: List[int] = []
     for i, s in enumerate(scenes):
         for o in s.objects:
-            cx = min(g - 1, int(o.center[0] * g))
-            cy = min(g - 1, int(o.center[1] * g))
-            rows = np.clip(np.arange(cy - half, cy + half + 1), 0, g - 1)
-            cols = np.clip(np.arange(cx - half, cx + half + 1), 0, g - 1)
-            feats.append(grid[i][np.ix_(rows, cols)].reshape(-1))
+            feats.append(window_at(grid[i], *centre_cell(o.center, grid.shape[1]), window))
             labels.append(values.index(getattr(o, attribute)))
     return np.stack(feats), np.eye(len(values))[labels]
 

@@ -9,7 +9,6 @@ import argparse
 import os
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
@@ -46,6 +45,11 @@ def main(argv=None) -> None:
                    help="share of captions replaced by training-only ones naming only the colours (needs --world)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (results are reproducible per count)")
     p.add_argument("--device", default="auto", help="auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
+    p.add_argument("--storage-path", help="folder that keeps the run's checkpoint; rerunning the same command resumes "
+                   "from it, with the same batches from there on as a run never stopped")
+    p.add_argument("--name", help="the run's subfolder of --storage-path (default: the --output file's stem)")
+    p.add_argument("--checkpoint-every", type=int, default=BackboneTrainConfig.checkpoint_every,
+                   help="steps between checkpoints (with --storage-path; also one at the end)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = BackboneTrainConfig(
@@ -54,7 +58,8 @@ def main(argv=None) -> None:
         eval_every=a.eval_every, stop_after=a.stop_after, neighbour_fraction=a.neighbour_fraction,
         cluster_size=a.cluster_size, neighbour_start=a.neighbour_start, mask_same_words=a.mask_same_words,
         world=a.world, shape_caption_rate=a.shape_caption_rate,
-        shape_caption_rate_end=a.shape_caption_rate_end, colour_caption_rate=a.colour_caption_rate, device=a.device)
+        shape_caption_rate_end=a.shape_caption_rate_end, colour_caption_rate=a.colour_caption_rate, device=a.device,
+        storage_path=a.storage_path, name=a.name, checkpoint_every=a.checkpoint_every)
     record = train_backbone(cfg)
     print(f"wrote {a.output} ({record['bytes']} bytes) in {record['wall_s']} s; recall {record['final_recall']}")
 

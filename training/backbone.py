@@ -2,12 +2,15 @@
 
 Used for the embedded default: the project's own tiny backbone, trained on the sample
 world. Plain PyTorch on purpose: the model is a few MB, one process trains it in minutes,
-and the run is reproducible bit for bit from its config on the same thread count.
+and the run is reproducible bit for bit from its config on the same thread count. Given a
+storage path, a run checkpoints every few steps and a rerun resumes where it stood, taking the
+same batches from there on as a run that was never stopped.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ import edje.model.backbone  # noqa: F401  registers the project's open_clip conf
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
 from edje.sampleworld.captions import colour_caption, shape_caption
+from edje.sampleworld.open_scene import OpenScene
 from edje.sampleworld.scene import Scene
 from edje.schemas.annotations import Annotations, load_annotations
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
@@ -66,6 +70,63 @@ class BackboneTrainConfig:
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
     device: Optional[str] = None
+    # Resumable runs: given storage_path, everything the rest of the run depends on (weights, optimiser,
+    # LR schedule, RNG states, epoch, step and the epoch's batch plan) is written atomically to
+    # storage_path/name every `checkpoint_every` steps and at the end, and a rerun of the same config
+    # there resumes from it. name defaults to the output file's stem.
+    storage_path: Optional[str] = None
+    name: Optional[str] = None
+    checkpoint_every: int = 100
+
+    def __post_init__(self):
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+
+
+# What a resumed run may change: where it writes and what it evaluates, never what it trains on or how.
+RESUME_MAY_CHANGE = frozenset({"output", "eval_annotations", "eval_every", "stop_after", "device", "storage_path",
+                               "name", "checkpoint_every"})
+CHECKPOINT = "checkpoint.pt"
+
+
+def run_folder(cfg: BackboneTrainConfig) -> Optional[Path]:
+    """Folder of a resumable run's checkpoint (storage_path/name), or None when the run keeps none."""
+    if cfg.storage_path is None:
+        return None
+    return Path(cfg.storage_path) / (cfg.name or Path(cfg.output).stem)
+
+
+def save_training_state(folder: Path, state: Dict) -> Path:
+    """Write a training checkpoint atomically: a write killed halfway leaves the previous checkpoint whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path, tmp = folder / CHECKPOINT, folder / (CHECKPOINT + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(folder, os.O_RDONLY)  # the rename itself survives a crash only once the folder is synced
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def load_training_state(folder: Path, cfg: BackboneTrainConfig) -> Optional[Dict]:
+    """The run's checkpoint, or None when it has none; ValueError when it was written by a different recipe."""
+    path = folder / CHECKPOINT
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    now = asdict(cfg)
+    saved = state["config"]
+    differ = [f"{k}: {saved.get(k)!r} there, {v!r} now" for k, v in now.items()
+              if k not in RESUME_MAY_CHANGE and saved.get(k) != v]
+    if differ:
+        raise ValueError(f"{path} was written by a different run ({'; '.join(differ)}); "
+                         "use another storage path or name to start afresh")
+    return state
 
 
 def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
@@ -126,6 +187,19 @@ def partial_captions(ids: torch.Tensor, idx: np.ndarray, rates: tuple, scenes, t
     return ids, *(torch.from_numpy(rows[k]).to(ids.device) for k in ("shape", "colour"))
 
 
+def epoch_plan(cfg: BackboneTrainConfig, epoch: int, clip: torch.nn.Module, images: torch.Tensor, per_image,
+               rng: np.random.Generator) -> tuple:
+    """(caption index per image [N], batches of image indices) of a 0-based epoch: all its sampling."""
+    n = len(images)
+    # One caption per image per epoch, drawn at random: every caption is seen over the run.
+    caption_pick = np.array([rng.choice(per_image[i]) for i in range(n)])
+    if cfg.neighbour_fraction > 0 and epoch + 1 >= cfg.neighbour_start:
+        clusters = neighbour_clusters(image_embeddings(clip, images), cfg.cluster_size, rng)
+        return caption_pick, mixed_batches(n, cfg.batch_size, cfg.neighbour_fraction, clusters, rng)
+    order = rng.permutation(n)
+    return caption_pick, [order[b * cfg.batch_size:(b + 1) * cfg.batch_size] for b in range(math.ceil(n / cfg.batch_size))]
+
+
 def world_records(world_json: str, image_ids) -> tuple:
     """(family id [N], scene) of each image, from a sample world's world.json (KeyError naming unknown images)."""
     records = {r["image_id"]: r for r in json.loads(Path(world_json).read_text())["images"]}
@@ -152,7 +226,7 @@ def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 5
 
 
 def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print) -> Dict:
-    """Train, evaluate, and write `cfg.output` (fp16 safetensors) plus a JSON record next to it."""
+    """Train (from storage_path/name's checkpoint when it holds one), evaluate, write `cfg.output` (fp16) and its JSON record."""
     from edje.model.device import pick_device
 
     device = pick_device(cfg.device)
@@ -170,6 +244,10 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     partial_rates = [caption_rates(cfg, e) for e in range(cfg.epochs)]  # checks every epoch's rates up front
     if cfg.world:
         groups_np, scenes = world_records(cfg.world, train.image_ids)
+        if any(sum(r) > 0 for r in partial_rates) and any(isinstance(sc, OpenScene) for sc in scenes):
+            # Their captions name shapes and colours, which an open world's things do not have.
+            raise ValueError(f"{cfg.world} is an open world: the shape- and colour-only caption rates are levers of "
+                             "the shapes world; train on the open world with both at 0")
         groups = torch.from_numpy(groups_np).to(device)
         shape_sets, colour_sets = (attribute_set_ids(scenes, a, device) for a in ("shape", "colour"))
     if any(sum(r) > 0 for r in partial_rates) and scenes is None:
@@ -188,24 +266,50 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                                               * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     log(f"training {cfg.model}: {train.num_images} images, {len(train.captions)} captions, "
         f"{steps_per_epoch} steps/epoch x {cfg.epochs} epochs")
-    history, start, step = [], time.time(), 0
+    history, start, step, wall_before, record = [], time.time(), 0, 0.0, None
+    first_epoch, batches_done, plan, losses = 0, 0, None, []
+    folder = run_folder(cfg)
+    resume = load_training_state(folder, cfg) if folder else None
+    if resume is not None:
+        clip.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        sched.load_state_dict(resume["scheduler"])
+        rng.bit_generator.state = resume["numpy_rng"]
+        torch.set_rng_state(resume["torch_rng"])
+        if device.type == "cuda" and resume["cuda_rng"]:
+            torch.cuda.set_rng_state_all(resume["cuda_rng"])
+        history, step, wall_before = resume["history"], resume["step"], resume["wall_s"]
+        first_epoch, batches_done, losses = resume["epoch"], resume["batch"], resume["losses"]
+        if resume["plan"] is not None:
+            plan = (resume["plan"]["caption_pick"].numpy(), [b.numpy() for b in resume["plan"]["batches"]])
+        log(f"resumed from {folder / CHECKPOINT} at step {step} (epoch {first_epoch + 1}, batch {batches_done})")
+        if resume["torch_threads"] != torch.get_num_threads():
+            log(f"note: the checkpoint was written at {resume['torch_threads']} torch threads, this run has "
+                f"{torch.get_num_threads()}: it is bit-for-bit an unstopped run's only at the same count")
+
+    def checkpoint(epoch: int, batch: int, plan, losses: list) -> None:
+        """Everything the rest of the run depends on, at `batch` batches into 0-based `epoch` (plan None: not drawn)."""
+        save_training_state(folder, {
+            "config": asdict(cfg), "model": clip.state_dict(), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(), "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+            "epoch": epoch, "batch": batch, "step": step, "losses": list(losses), "history": history,
+            "plan": None if plan is None else {"caption_pick": torch.from_numpy(plan[0]),
+                                               "batches": [torch.from_numpy(b) for b in plan[1]]},
+            "wall_s": wall_before + time.time() - start, "torch_threads": torch.get_num_threads()})
+
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
-    for epoch in range(last):
-        # One caption per image per epoch, drawn at random: every caption is seen over the run.
-        caption_pick = np.array([rng.choice(per_image[i]) for i in range(train.num_images)])
-        clustered = cfg.neighbour_fraction > 0 and epoch + 1 >= cfg.neighbour_start
-        if clustered:
-            emb = image_embeddings(clip, images)
-            clusters = neighbour_clusters(emb, cfg.cluster_size, rng)
-            batches = mixed_batches(train.num_images, cfg.batch_size, cfg.neighbour_fraction, clusters, rng)
-        else:
-            order = rng.permutation(train.num_images)
-            batches = [order[b * cfg.batch_size:(b + 1) * cfg.batch_size] for b in range(steps_per_epoch)]
+    for epoch in range(first_epoch, last):
+        if plan is None:
+            plan, losses = epoch_plan(cfg, epoch, clip, images, per_image, rng), []
+        caption_pick, batches = plan
         clip.train()
-        losses = []
         # About ten lines an epoch: an epoch of a large set takes minutes with nothing else to show.
         report_every, seen, epoch_start = max(1, len(batches) // 10), 0, time.time()
+        checkpoint_due = False
         for b, idx in enumerate(batches, 1):
+            if b <= batches_done:  # a resumed epoch: these batches were trained before the stop
+                continue
             tidx = torch.from_numpy(idx).to(device)
             ids = text_ids[caption_pick[idx]]
             shape_rows = colour_rows = None
@@ -236,19 +340,30 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             losses.append(loss.item())
             step += 1
             seen += len(idx)
+            if folder and step % cfg.checkpoint_every == 0:
+                if b < len(batches):
+                    checkpoint(epoch, b, plan, losses)
+                else:  # after the epoch's row, so a resumed run does not evaluate it again
+                    checkpoint_due = True
             if b % report_every == 0 and b < len(batches):  # the epoch's own line covers its last batch
                 spent = time.time() - epoch_start
+                done_here = b - batches_done
                 log(f"epoch {epoch + 1}/{last} batch {b}/{len(batches)}: running loss {np.mean(losses):.4f}, "
-                    f"{seen / max(spent, 1e-9):.0f} images/s, epoch eta {spent / b * (len(batches) - b):.0f} s")
+                    f"{seen / max(spent, 1e-9):.0f} images/s, epoch eta {spent / done_here * (len(batches) - b):.0f} s")
         row = {"epoch": epoch + 1, "step": step, "loss": round(float(np.mean(losses)), 4),
                "caption_rates": [round(r, 3) for r in partial_rates[epoch]],
-               "elapsed_s": round(time.time() - start, 1)}
+               "elapsed_s": round(wall_before + time.time() - start, 1)}
         if evaluation and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == last):
             row["recall"] = zero_shot_recall(clip, tokenizer, *evaluation)
         history.append(row)
         log(json.dumps(row))
+        plan, batches_done = None, 0
+        if folder and (checkpoint_due or epoch + 1 == last):
+            checkpoint(epoch + 1, 0, None, [])
         if "recall" in row or epoch + 1 == last:  # a usable checkpoint early; the last overwrites it
-            record = _save(clip, cfg, history, time.time() - start, done=epoch + 1 == last)
+            record = _save(clip, cfg, history, wall_before + time.time() - start, done=epoch + 1 == last)
+    if record is None:  # resumed after its last epoch: nothing left to train, the weights are the checkpoint's
+        record = _save(clip, cfg, history, wall_before, done=True)
     return record
 
 
