@@ -1,6 +1,6 @@
 """The `edje` command: one subcommand per job, each the same as running its script.
 
-    edje encode --urls ... --output ...      is   python jobs/encode_cc12m.py --urls ... --output ...
+    edje encode --input ... --output ...     is   python jobs/encode_cc12m.py --input ... --output ...
     edje sampleworld generate --seed 7 ...   is   python -m edje.sampleworld generate --seed 7 ...
 
 `edje COMMAND --help` prints that job's own options. The job modules load only when their command runs, so
@@ -15,7 +15,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 # subcommand -> (module with main(argv), one line of help)
 COMMANDS: Dict[str, Tuple[str, str]] = {
-    "encode": ("edje.jobs.encode_cc12m", "url list -> img2dataset -> backbone -> adapter -> Parquet token tables (Ray Data)"),
+    "encode": ("edje.jobs.encode_cc12m", "url list (or images already held) -> backbone -> adapter -> Parquet token tables (Ray Data)"),
+    "compress": ("edje.jobs.compress", "raw token tables -> adapter -> quantized compressed tables, no backbone (Ray Data)"),
     "pretrain": ("edje.jobs.pretrain", "pretrain adapter + joint encoder on raw token tables (Ray Train)"),
     "finetune": ("edje.jobs.finetune", "fine-tune a checkpoint with ITM (Ray Train)"),
     "distill": ("edje.jobs.distill", "distil a local-adapter teacher into a compressed student (Ray Train)"),

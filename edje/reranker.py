@@ -147,7 +147,8 @@ class EDJEReranker:
     def rank(self, query: str, documents: Sequence[Document], top_k: Optional[int] = None,
              return_documents: bool = False, first_stage_scores: Optional[Sequence[float]] = None,
              batch_size: Optional[int] = None, show_progress_bar: Optional[bool] = None) -> List[Dict]:
-        """Documents ordered by the checkpoint's ranking rule: [{corpus_id, score, relevance[, document]}], best first.
+        """Documents ordered by the checkpoint's ranking rule: [{corpus_id, score, relevance[, text]}], best first
+        (`text`: the document itself, under the key CrossEncoder.rank gives it).
         `first_stage_scores` (one per document) are used when the rule fuses; without them the backbone's towers
         compute the cosine."""
         if not documents:
@@ -163,7 +164,7 @@ class EDJEReranker:
         for i in order:
             row = {"corpus_id": int(i), "score": float(scores[i]), "relevance": float(relevance[i])}
             if return_documents:
-                row["document"] = documents[i]
+                row["text"] = documents[i]  # CrossEncoder.rank's key, so callers written for it read it
             out.append(row)
         return out
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from edje.model.backbone import VisionBackbone, default_feature_layer
+from edje.model.backbone_weights import pin
 from edje.model.image_decode import load_image_files
 from edje.model.token_encoder import TokenEncoder
 from edje.sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
@@ -39,10 +40,12 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
     """
     ann = load_annotations(annotations)
     n, d = backbone.token_shape
-    meta = TableMetadata(kind="raw", backbone=backbone.config.name, pretrained=backbone.config.pretrained,
-                         feature_layer=backbone.config.feature_layer, num_tokens=n, width=d,
+    b = backbone.config
+    meta = TableMetadata(kind="raw", backbone=b.name, pretrained=b.pretrained,
+                         feature_layer=b.feature_layer, num_tokens=n, width=d,
                          quantization="fp16", embed_dim=backbone.embed_dim,
-                         pretrained_sha256=weights_sha256(backbone.config.pretrained))
+                         pretrained_sha256=b.weights_sha256 or weights_sha256(b.pretrained),
+                         backbone_revision=b.revision, backbone_random_weights=b.random_weights)
     encoder = TokenEncoder(backbone, None, CodecConfig("fp16"), torch.device("cpu"))
     tokens, embs = [], []
     for i in range(0, ann.num_images, batch_size):
@@ -95,8 +98,10 @@ def main(argv=None) -> None:
     p.add_argument("--scene-tokens", metavar="WORLD", help="diagnostic: the sample world's perfect scene tokens "
                    "(from WORLD/world.json) in place of the backbone's; embeddings stay the backbone's")
     a = p.parse_args(argv)
-    bb = VisionBackbone.create(BackboneConfig(a.backbone, _weights(a.backbone, a.pretrained),
-                                              a.feature_layer or default_feature_layer(a.backbone)))
+    random = a.pretrained is not None and a.pretrained.lower() == "none"
+    bb = VisionBackbone.create(pin(BackboneConfig(a.backbone, _weights(a.backbone, a.pretrained),
+                                                  a.feature_layer or default_feature_layer(a.backbone),
+                                                  random_weights=random)))
     print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows, scene_tokens=a.scene_tokens)} rows to {a.output}")
 
 
@@ -105,6 +110,8 @@ def _weights(backbone: str, pretrained: Optional[str]) -> Optional[str]:
     without an error, so it is only made when asked for by name."""
     if pretrained is not None:
         return None if pretrained.lower() == "none" else pretrained
+    if backbone.startswith("hf-hub:"):
+        return None  # the repository's own weights
     weights = find_weights(backbone=backbone)
     if weights is None:
         raise SystemExit(f"{backbone}: the repository ships no weights for it; give --pretrained PATH "

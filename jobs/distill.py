@@ -13,7 +13,6 @@ import sys
 from dataclasses import replace
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from edje.training.launch import main as launch
 

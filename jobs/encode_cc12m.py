@@ -1,7 +1,8 @@
-"""Encode a CC12M-style list of (url, caption) pairs into Parquet token tables on Ray Data.
+"""Encode a CC12M-style list of (url, caption) pairs, or images already held, into Parquet token tables on Ray Data.
 
     python jobs/encode_cc12m.py --output runs/enc                      # the embedded sample world
     python jobs/encode_cc12m.py --input urls.tsv --output s3://b/enc --adapter ckpt/ --quant int8
+    python jobs/encode_cc12m.py --input s3://b/laion-wds/ --output s3://b/raw --keep-columns similarity,punsafe
     ray job submit --working-dir . -- python jobs/encode_cc12m.py --input ... --output ...
 
 Without --adapter the tables are *raw* (backbone tokens, pooled image embedding, caption,
@@ -18,9 +19,8 @@ import sys
 
 # Runs as a script (python jobs/encode_cc12m.py, ray job submit): make the repo importable.
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from edje.schemas.encode_job import EncodeJobConfig
+from edje.schemas.encode_job import INPUT_FORMATS, EncodeJobConfig
 from edje.schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS
 from edje.schemas.weights import find_weights
 
@@ -35,30 +35,51 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
-    io.add_argument("--input", nargs="+", help="url list(s): one or more files, folders or globs on any fsspec "
-                    "path (local, s3://, http(s)://), each TSV/CSV (optionally compressed) or Parquet with url and "
-                    "caption columns (and optionally an image id column). Omitted: generate the embedded sample "
-                    "world and serve it on loopback")
+    io.add_argument("--input", nargs="+", help="one or more files, folders or globs on any fsspec path (local, "
+                    "s3://, http(s)://): url lists (TSV/CSV, optionally compressed, or Parquet with url and caption "
+                    "columns and optionally an image id column: downloaded), or images already held, read where "
+                    "they lie: webdataset .tar shards (img2dataset's output), an image folder with sidecar .txt "
+                    "(and .json) captions (img2dataset's files output), a CSV/TSV/Parquet table of image paths and "
+                    "captions, Parquet with an image-bytes column (img2dataset's Parquet output; the Hugging Face "
+                    "datasets layout). Omitted: generate the embedded sample world and serve it on loopback")
     io.add_argument("--output", required=True, help="output folder on any fsspec path (local, s3://): "
                     "tables/, stats/, manifest.json, summary.json")
-    io.add_argument("--input-format", default=d.input_format, choices=["auto", "tsv", "csv", "parquet"],
-                    help="format of --input (default: from the file name)")
+    io.add_argument("--input-format", default=d.input_format, choices=INPUT_FORMATS,
+                    help="format of --input: tsv, csv or parquet url lists, webdataset, image-folder (a folder, or "
+                    "tables of image paths), image-parquet (default: detected from the files, their names and "
+                    "columns; an input that fits two readings is refused with the choice to make)")
     io.add_argument("--url-col", default=d.url_col, help="url column name (default %(default)s)")
     io.add_argument("--caption-col", default=d.caption_col, help="caption column name (default %(default)s; "
                     "LAION parquet parts: --url-col URL --caption-col TEXT)")
-    io.add_argument("--id-col", default=d.id_col, help="image id column name; a list without one gets ids "
-                    "from a hash of the url (default %(default)s)")
+    io.add_argument("--id-col", default=d.id_col, help="image id column (or .json field) name; a url list "
+                    "without one gets ids from a hash of the url, images already held their sample key: the tar "
+                    "member's or file's name without extension, img2dataset's key, else a hash of the path "
+                    "(default %(default)s)")
+    io.add_argument("--keep-columns", default=",".join(d.keep_columns), help="comma-separated input columns (or "
+                    ".json fields) to carry into the token tables, e.g. similarity,punsafe: Parquet types are "
+                    "kept, TSV/CSV values are strings, JSON numbers float64")
+    io.add_argument("--image-col", default=d.image_col, help="image-parquet: the image column (binary, or a "
+                    "struct {bytes, path}); webdataset: the image member's extension (default: jpg, image, img, "
+                    "png, webp, ... whichever is there)")
+    io.add_argument("--path-col", default=d.path_col, help="a table of image paths: the path column, relative "
+                    "to the table's folder, absolute or a url (default %(default)s; Hugging Face metadata.csv: "
+                    "file_name)")
     io.add_argument("--s3-endpoint", help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, moto); "
                     "credentials come from the usual AWS_* environment variables")
     m = p.add_argument_group("model")
-    m.add_argument("--backbone", help=f"open_clip model name (default: the adapter checkpoint's, else {DEFAULT_BACKBONE})")
-    m.add_argument("--pretrained", help="open_clip pretrained tag or local checkpoint path (default: the adapter "
-                   "checkpoint's, else the weights the repository ships for the backbone: "
+    m.add_argument("--backbone", help="open_clip model name (with --pretrained TAG or a weights file), or "
+                   "hf-hub:ORG/NAME (an open_clip hub repository: its config and weights, no tag); weights come from "
+                   "the hub as HF_HUB_OFFLINE / HF_HOME / HF_ENDPOINT / HF_TOKEN allow (default: the adapter "
+                   f"checkpoint's, else {DEFAULT_BACKBONE})")
+    m.add_argument("--pretrained", help="open_clip pretrained tag or local (or s3://) weights file (default: the "
+                   "adapter checkpoint's, else the weights the repository ships for the backbone: "
                    + ", ".join(f"{k} -> {v}" for k, v in SHIPPED_BACKBONE_WEIGHTS.items()) + ")")
     m.add_argument("--random-weights", action="store_true", help="encode with a randomly initialised backbone "
-                   "(tests and benchmarks only); without it a backbone with no weights is refused")
+                   "(tests and benchmarks only; an hf-hub repository's weights are skipped too); without it a "
+                   "backbone with no weights is refused")
     m.add_argument("--feature-layer", choices=["final", "penultimate"], help="which backbone tokens to store "
-                   "(default: the adapter checkpoint's, else final)")
+                   "(default: the adapter checkpoint's, else the tower's kind: penultimate for class-token CLIP "
+                   "towers, final for SigLIP-style ones)")
     m.add_argument("--adapter", help="EDJE checkpoint dir: store its adapter's output (compressed tables). "
                    "Omitted: store backbone tokens + captions + text embeddings (raw tables)")
     m.add_argument("--quant", default=d.quant, choices=["fp32", "fp16", "int8", "int4"],
@@ -78,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "equal CPU-written ones within the codec's bound; bf16 is faster on a GPU and recorded in the "
                    "table metadata)")
     r.add_argument("--shard-size", type=int, default=d.shard_size,
-                   help="url-list rows per shard = per output table, the unit of resuming (default %(default)s)")
+                   help="input rows per shard = per output table, the unit of resuming (default %(default)s)")
     r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else start a local Ray)")
     r.add_argument("--num-cpus", type=int, help="CPUs of the local Ray this command starts (default: all)")
     dl = p.add_argument_group("download")
@@ -98,15 +119,20 @@ def weights_from_flags(backbone: str | None, pretrained: str | None, adapter: st
     """The flags checked against each other; where the weights are is find_weights's to say."""
     if random_weights and (pretrained or adapter):
         raise WeightsError("--random-weights contradicts --pretrained / --adapter, which name weights")
+    if backbone and backbone.startswith("hf-hub:") and pretrained:
+        raise WeightsError(f"{backbone} carries its own weights: drop --pretrained {pretrained}")
     if pretrained or adapter:
         return pretrained  # an adapter checkpoint records its backbone's weights (pipeline.encode.resolve_backbone)
     if random_weights:
         return None
     name = backbone or DEFAULT_BACKBONE
+    if name.startswith("hf-hub:"):
+        return None  # the repository's own weights
     weights = find_weights(backbone=name)
     if weights is None:
         raise WeightsError(f"backbone {name!r} has no weights: give --pretrained (an open_clip tag or a checkpoint "
-                           f"path), or --random-weights to encode with random initialisation on purpose")
+                           f"path), name an open_clip hub repository (--backbone hf-hub:ORG/NAME), or "
+                           f"--random-weights to encode with random initialisation on purpose")
     return weights
 
 
@@ -119,12 +145,14 @@ def config_from_args(argv=None) -> EncodeJobConfig:
         args["pretrained"] = weights_from_flags(args["backbone"], args["pretrained"], args["adapter"], random_weights)
     except WeightsError as e:
         parser.error(str(e))
-    return EncodeJobConfig(**args)
+    return EncodeJobConfig(**args, random_weights=random_weights)
 
 
 def main(argv=None) -> int:
-    """Run the job; exit status 0 when every shard is committed, 1 otherwise (rerun to finish)."""
+    """Run the job; exit status 0 when every shard is committed, 1 otherwise (rerun to finish), 2 when a model
+    cannot be had (one line says which and why)."""
     cfg = config_from_args(argv)
+    from edje.model.hub import CheckpointNotFound
     from edje.pipeline.job import IncompleteJobError, run_encode_job
 
     try:
@@ -132,6 +160,9 @@ def main(argv=None) -> int:
     except IncompleteJobError as e:
         print(f"[encode] incomplete: {e}", file=sys.stderr)
         return 1
+    except CheckpointNotFound as e:  # a model that cannot be had: one line that names it and says why
+        print(f"[encode] {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -18,8 +18,6 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def main(argv=None) -> None:
@@ -86,9 +84,13 @@ def main(argv=None) -> None:
                      group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
                      max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads,
                      device=a.device, novel_against=against)
-    metrics = evaluate(cfg)
+    from edje.model.hub import CheckpointNotFound
+
+    try:
+        evaluate(cfg)
+    except CheckpointNotFound as e:  # the tables' backbone cannot be had: one line naming it and why
+        raise SystemExit(f"[evaluate] {e}") from None
     print((Path(a.output) / "metrics.md").read_text())
-    del metrics
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import os
 import sys
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from edje.training.launch import main as launch
 

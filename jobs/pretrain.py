@@ -10,7 +10,6 @@ import os
 import sys
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from edje.training.config import PRETRAIN_OBJECTIVES
 from edje.training.launch import main as launch

@@ -30,7 +30,7 @@ from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the quickstart needs only files the repository ships
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from edje.schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402

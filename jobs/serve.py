@@ -22,8 +22,6 @@ import time
 from typing import List, Optional
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 
 from edje.serving.config import DeploymentResources, ServeConfig
 
@@ -142,15 +140,22 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Deploy, wait for health (retrying a failed start), print where it listens."""
-    from edje.serving.app import build
+    from edje.model.hub import CheckpointNotFound, hub_env
+    from edje.serving.app import build, check_models
     from edje.serving.startup import ServeStartError, StartupConfig, init_ray, start_serve
 
     args = parse(argv)
     cfg = config_from_args(args)
     startup = StartupConfig(proxy_ready_timeout_s=args.proxy_timeout, proxy_health_timeout_s=args.proxy_timeout,
                             attempts=args.start_attempts, healthy_timeout_s=args.ready_timeout)
+    try:
+        check_models(cfg)  # before any cluster work: a backbone that cannot be had is one line, exit 2
+    except CheckpointNotFound as e:
+        print(f"[serve] {e}", file=sys.stderr)
+        return 2
+    # Replicas reach the hub (or stay offline, or read the cache) as this driver does.
     init_ray(args.address or os.environ.get("RAY_ADDRESS") or "auto", startup,
-             env={"HF_HUB_OFFLINE": "1", "NO_ALBUMENTATIONS_UPDATE": "1"})
+             env={**hub_env(), "NO_ALBUMENTATIONS_UPDATE": "1"})
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}{args.route_prefix.rstrip('/')}"
     started = time.time()
     try:

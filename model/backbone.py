@@ -7,10 +7,9 @@ any built-in model.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import open_clip
@@ -18,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edje.model.backbone_weights import model_config, resolve
 from edje.schemas.config import BackboneConfig
-from edje.schemas.weights import check_weights
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 open_clip.add_model_config(CONFIG_DIR)
@@ -102,12 +101,16 @@ def _register_timm_models() -> None:
 _register_timm_models()
 
 
-def default_feature_layer(name: str) -> str:
+def default_feature_layer(name: str, revision: Optional[str] = None) -> str:
     """Which tokens EDJE reads by default: "penultimate" for towers that pool a class token
     (CLIP: the final patch outputs are never trained under class-token pooling, as the paper
-    notes), "final" for towers that pool over all tokens (SigLIP2's MAP head, mean pooling)."""
-    # A hub model's config would need the hub: such towers (SigLIP2) read final tokens.
-    cfg = {} if name.startswith("hf-hub:") else open_clip.get_model_config(name) or {}
+    notes), "final" for towers that pool over all tokens (SigLIP2's MAP head, mean pooling).
+    An hf-hub name is judged by its repository's open_clip_config.json, fetched as the environment allows."""
+    return feature_layer_of(model_config(name, revision))
+
+
+def feature_layer_of(cfg: dict) -> str:
+    """The default token layer of an open_clip model config (see default_feature_layer)."""
     vision = cfg.get("vision_cfg", {})
     if "timm_model_name" in vision:
         pool = vision.get("timm_pool", "avg")
@@ -116,7 +119,7 @@ def default_feature_layer(name: str) -> str:
             pool = getattr(timm.create_model(vision["timm_model_name"], pretrained=False), "global_pool", "avg")
         return "penultimate" if pool == "token" else "final"
     if not vision:
-        return "final"  # not an open_clip config (a hub name): SigLIP2-style towers read final tokens
+        return "final"  # no open_clip config at all: SigLIP2-style towers read final tokens
     pooled_tokens = vision.get("attentional_pool", False) or vision.get("pool_type", "tok") in ("avg", "none")
     return "final" if pooled_tokens else "penultimate"
 
@@ -135,9 +138,11 @@ class PreprocessConfig:
 class VisionBackbone(nn.Module):
     """A frozen open_clip model exposing `encode_tokens`, `encode_image`, `encode_text`."""
 
-    def __init__(self, clip: nn.Module, cfg: BackboneConfig):
+    def __init__(self, clip: nn.Module, cfg: BackboneConfig, open_clip_name: Optional[str] = None):
         super().__init__()
         self.config = cfg
+        # The name open_clip knows the model by here (an hf-hub repository's local snapshot): its tokenizer's source.
+        self.open_clip_name = open_clip_name or cfg.name
         self.clip = clip.eval().requires_grad_(False)
         self.visual = clip.visual
         self.is_timm = hasattr(self.visual, "trunk")
@@ -171,15 +176,20 @@ class VisionBackbone(nn.Module):
 
     @classmethod
     def create(cls, cfg: BackboneConfig, device: str | torch.device = "cpu") -> "VisionBackbone":
-        """Build from an open_clip name plus a pretrained tag or a local checkpoint path (or neither: random)."""
-        pretrained = cfg.pretrained
-        if pretrained and os.path.sep in pretrained and not os.path.exists(pretrained) and "://" not in pretrained:
-            raise FileNotFoundError(f"backbone checkpoint {pretrained} does not exist")
-        if pretrained and "://" in pretrained:
-            pretrained = _fetch(pretrained)
-        check_weights(pretrained, cfg.weights_sha256, f"backbone {cfg.name}")
-        clip = open_clip.create_model(cfg.name, pretrained=pretrained or None, device=device)
-        return cls(clip, cfg).to(device)
+        """Build from what `cfg` names (a registry name with a tag or a local file, an hf-hub repository, or random
+        weights), at its recorded hub commit and checked against its recorded sha256 (model/backbone_weights.py)."""
+        r = resolve(cfg)
+        if r.weights_file is None or r.open_clip_name.startswith("local-dir:"):
+            # Random weights are random: no tower's weights are fetched (open_clip would load an HF text tower's
+            # by default), and a repository's weights are the resolved file, not whatever its folder holds.
+            clip = open_clip.create_model(r.open_clip_name, load_weights=False, pretrained_text=False,
+                                          force_preprocess_cfg=r.preprocess or None, device=device)
+            if r.weights_file is not None:
+                open_clip.load_checkpoint(clip, r.weights_file)
+        else:
+            clip = open_clip.create_model(r.open_clip_name, pretrained=r.weights_file,
+                                          force_preprocess_cfg=r.preprocess or None, device=device)
+        return cls(clip, cfg, r.open_clip_name).to(device)
 
     @property
     def token_shape(self) -> Tuple[int, int]:
@@ -190,7 +200,7 @@ class VisionBackbone(nn.Module):
     def tokenizer(self):
         # Lazy: SigLIP2 tokenizers come from a hub; timing the image tower must not need one.
         if self._tokenizer is None:
-            self._tokenizer = open_clip.get_tokenizer(self.config.name)
+            self._tokenizer = open_clip.get_tokenizer(self.open_clip_name)
         return self._tokenizer
 
     # ------------------------------------------------------------ images
@@ -266,16 +276,3 @@ class VisionBackbone(nn.Module):
             raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
         return images.to(self._mean.device)
 
-
-def _fetch(url: str) -> str:
-    """Copy a remote (fsspec) checkpoint to a local cache file; open_clip loads local files."""
-    import hashlib
-    import tempfile
-
-    import fsspec
-
-    local = Path(tempfile.gettempdir()) / "edje-ckpt" / hashlib.sha1(url.encode()).hexdigest() / Path(url).name
-    if not local.exists():
-        local.parent.mkdir(parents=True, exist_ok=True)
-        fsspec.core.url_to_fs(url)[0].get(url, str(local))
-    return str(local)

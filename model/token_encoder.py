@@ -2,7 +2,8 @@
 
 The encode job's actors, live images in a serving replica, evaluation's raw tables and the
 Python API's `encode_images` all run this class, so one image gives the same stored bytes
-whichever path encoded it.
+whichever path encoded it. `TokenCompressor` is its second half alone (adapter + codec over
+tokens a raw table stored), the step `edje compress` runs; both go through `adapt`.
 """
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ class EncodedImages:
         return EncodedImages(self.blob[rows], None if self.scales is None else self.scales[rows], self.embeddings[rows])
 
 
+def exact_fp32(device: torch.device, compute_dtype: str) -> None:
+    """Keep fp32 arithmetic fp32 on a GPU: cuDNN convolutions and matmuls default to TF32 (10-bit mantissa)."""
+    if device.type == "cuda" and compute_dtype == "fp32":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def adapt(adapter: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The adapter over backbone tokens, in the adapter's own parameter dtype (a serving replica may hold it
+    in bf16/fp16, the backbone in fp32); call it under the caller's autocast."""
+    return adapter(tokens.to(next(adapter.parameters()).dtype))
+
+
 class TokenEncoder:
     """Backbone (+ adapter) + codec on one device; `encode(pixels)` gives the rows a token table stores."""
 
@@ -51,10 +65,7 @@ class TokenEncoder:
             n, d = self.adapter.config.output_tokens(n), self.adapter.config.output_dim
         self.num_tokens, self.width = int(n), int(d)
         self.codec = TokenCodec(codec, self.num_tokens, self.width)
-        if self.device.type == "cuda" and compute_dtype == "fp32":
-            # cuDNN convolutions default to TF32 (10-bit mantissa): the patch stem would round like fp16.
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
+        exact_fp32(self.device, compute_dtype)  # the patch stem would otherwise round like fp16
 
     @classmethod
     def create(cls, backbone: BackboneConfig, adapter: Optional[torch.nn.Module], codec: CodecConfig,
@@ -74,8 +85,7 @@ class TokenEncoder:
         with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
             tokens, emb = self.backbone.encode(pixels)
             if self.adapter is not None:
-                # A serving replica may hold the adapter in bf16/fp16 (its precision), the backbone in fp32.
-                tokens = self.adapter(tokens.to(next(self.adapter.parameters()).dtype))
+                tokens = adapt(self.adapter, tokens)
         return tokens.float(), emb.float()
 
     @torch.inference_mode()
@@ -92,3 +102,30 @@ class TokenEncoder:
     def encode_text(self, texts: Sequence[str]) -> np.ndarray:
         """The backbone's normalised text embeddings [len(texts), e] (float32)."""
         return self.backbone.encode_text(list(texts)).float().cpu().numpy()
+
+
+class TokenCompressor:
+    """Adapter + codec on one device: the float tokens a raw table stores -> compressed rows (blob, scales)."""
+
+    def __init__(self, adapter: torch.nn.Module, codec: CodecConfig, input_tokens: int,
+                 device: torch.device | str = "cpu", compute_dtype: str = "fp32"):
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, got {compute_dtype!r}")
+        self.device = torch.device(device)
+        self.adapter = adapter.to(self.device).eval().requires_grad_(False)
+        self.compute_dtype = COMPUTE_DTYPES[compute_dtype]
+        self.num_tokens = int(self.adapter.config.output_tokens(input_tokens))
+        self.width = int(self.adapter.config.output_dim)
+        self.codec = TokenCodec(codec, self.num_tokens, self.width)
+        exact_fp32(self.device, compute_dtype)
+
+    @torch.inference_mode()
+    def encode(self, tokens: np.ndarray | torch.Tensor) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """float tokens [B, n, d] -> (codec blobs uint8 [B, bytes], fp16 scales [B, s] or None)."""
+        if isinstance(tokens, np.ndarray):
+            tokens = torch.from_numpy(np.ascontiguousarray(tokens))
+        tokens = tokens.to(self.device, torch.float32, non_blocking=True)
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+            out = adapt(self.adapter, tokens)
+        blob, scales = self.codec.encode_torch(out.float())
+        return blob.cpu().numpy(), None if scales is None else scales.cpu().numpy().astype("<f2")

@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from edje.model.backbone import default_feature_layer
+from edje.model.backbone_weights import pin
 from edje.model.device import pick_device
 from edje.model.token_encoder import COMPUTE_DTYPES
 from edje.schemas.config import BackboneConfig, CodecConfig, from_dict
@@ -56,11 +57,13 @@ class ModelInfo:
 
 
 def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_layer: Optional[str],
-                     adapter: Optional[str]) -> BackboneConfig:
-    """The backbone to run: the flags, completed from (and checked against) the adapter checkpoint."""
+                     adapter: Optional[str], random_weights: bool = False) -> BackboneConfig:
+    """The backbone to run: the flags, completed from (and checked against) the adapter checkpoint, and pinned to
+    the hub commit and weights' sha256 they resolve to (every encoder actor then loads the same bytes)."""
     if not adapter:
         name = name or DEFAULT_BACKBONE
-        return BackboneConfig(name, pretrained, feature_layer or default_feature_layer(name))
+        return pin(BackboneConfig(name, pretrained, feature_layer or default_feature_layer(name),
+                                  random_weights=random_weights))
     from edje.model.edje import read_checkpoint_config
     from edje.schemas.config import EDJEConfig
 
@@ -72,7 +75,7 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
             raise ValueError(f"{flag} {value!r} does not match the adapter checkpoint {adapter}, "
                              f"which was trained on {want!r}")
     # The flag names the weights where they lie on this machine; the checkpoint may record another path.
-    return dataclasses.replace(ck, pretrained=pretrained) if pretrained else ck
+    return pin(dataclasses.replace(ck, pretrained=pretrained) if pretrained else ck)
 
 
 def _same_weights(given: Optional[str], recorded: Optional[str]) -> bool:
@@ -102,7 +105,8 @@ def describe_model(spec: EncoderSpec) -> ModelInfo:
         pretrained=spec.backbone.pretrained, feature_layer=spec.backbone.feature_layer,
         num_tokens=int(n), width=int(d), quantization=spec.quant, embed_dim=int(backbone.embed_dim),
         group_size=spec.group_size, adapter_hash=adapter_hash, compute_dtype=spec.compute_dtype,
-        pretrained_sha256=weights_sha256(spec.backbone.pretrained),
+        pretrained_sha256=spec.backbone.weights_sha256 or weights_sha256(spec.backbone.pretrained),
+        backbone_revision=spec.backbone.revision, backbone_random_weights=spec.backbone.random_weights,
     )
     meta.codec  # noqa: B018 - raises CodecError now if the quantization does not fit the width
     return ModelInfo(backbone.preprocess.size, backbone.preprocess.resize_mode, meta)

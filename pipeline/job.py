@@ -1,8 +1,9 @@
-"""The encode job: url list -> img2dataset shards -> Ray Data decode/encode -> committed token tables.
+"""The encode job: url list -> img2dataset shards (or images already held, read where they lie) -> Ray Data
+decode/encode -> committed token tables.
 
     plan (driver, streaming: url_source -> validate -> dedupe -> _input/ shards) + manifest ->
     for the uncommitted shards, one Ray Data pipeline:
-    from_items(shards) -> flat_map(download_rows) -> map_batches(decode_batch) ->
+    from_items(shards) -> flat_map(download_rows, or read_rows for file inputs) -> map_batches(decode_batch) ->
     map_batches(EncodeBatch, ActorPoolStrategy) -> map_batches(write_parts) -> driver commits shards
 
 Resuming is per shard: a shard whose `stats/<id>.json` exists (one listing of `stats/`) is
@@ -21,16 +22,18 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
+from edje.model.hub import hub_env
 from edje.pipeline import storage
 from edje.pipeline.decode import decode_batch
 from edje.pipeline.download import DownloadConfig, download_rows
 from edje.pipeline.encode import EncodeBatch, EncoderSpec, describe_model, resolve_backbone
 from edje.pipeline.manifest import committed_shards, load_manifest, save_run
 from edje.pipeline.plan import input_file
+from edje.pipeline.read_files import ReadConfig, read_rows
 from edje.pipeline.resume import plan_job
 from edje.pipeline.summary import build_summary
-from edje.pipeline.write import commit_shard, write_parts
-from edje.schemas.encode_job import EncodeJobConfig
+from edje.pipeline.write import CarriedColumns, commit_shard, write_parts
+from edje.schemas.encode_job import FILE_FORMATS, EncodeJobConfig
 
 # CPU shares of the light stages. On a 2-CPU node one encoder actor takes a whole CPU; the
 # download/decode tasks and the part writer must still fit beside it or the pipeline stalls.
@@ -44,7 +47,7 @@ class IncompleteJobError(RuntimeError):
 
 def run_encode_job(cfg: EncodeJobConfig) -> Dict:
     """Run (or resume) the encode job; writes and returns summary.json's content."""
-    env = storage.configure_s3_endpoint(cfg.s3_endpoint)
+    env = {**storage.configure_s3_endpoint(cfg.s3_endpoint), **hub_env()}  # the actors reach the hub as this driver
     output = storage.absolute(cfg.output)
     with _input_list(cfg, output) as (input_spec, world_port), RayConnection(cfg) as ray_conn:
         return _run(cfg, output, input_spec, world_port, env, ray_conn)
@@ -55,7 +58,7 @@ def _run(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int
     import ray
 
     t0 = time.time()
-    backbone = resolve_backbone(cfg.backbone, cfg.pretrained, cfg.feature_layer, cfg.adapter)
+    backbone = resolve_backbone(cfg.backbone, cfg.pretrained, cfg.feature_layer, cfg.adapter, cfg.random_weights)
     spec = EncoderSpec(backbone, storage.absolute(cfg.adapter) if cfg.adapter else None, cfg.quant,
                        cfg.group_size, cfg.torch_threads, cfg.compute_dtype)
     info = describe_model(spec)
@@ -65,7 +68,7 @@ def _run(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int
     committed_before = committed_shards(output)
     rows = shards.column("rows").to_pylist()
     pending = [s for s in range(manifest.num_shards) if s not in committed_before]
-    print(f"[encode] {manifest.rows_in} url-list rows, {manifest.rows_kept} kept, {manifest.num_shards} shards, "
+    print(f"[encode] {manifest.rows_in} input rows, {manifest.rows_kept} kept, {manifest.num_shards} shards, "
           f"{manifest.num_shards - len(pending)} already committed, {len(pending)} to do", flush=True)
     committed, errors, flow = {}, [], {}
     if pending:
@@ -74,7 +77,7 @@ def _run(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int
     if pending:
         items = [{"shard": s, "input": input_file(output, s, manifest.shards_per_file),
                   "row_group": s % manifest.shards_per_file, "rows": rows[s]} for s in pending]
-        committed, errors, flow = _encode_shards(cfg, output, spec, info, items, env)
+        committed, errors, flow = _encode_shards(cfg, output, spec, info, items, env, manifest.read_options)
     seconds = time.time() - t_pipeline
     run = {"started_at": t0, "seconds": round(seconds, 3), "total_seconds": round(time.time() - t0, 3),
            "plan_seconds": round(t_plan, 3), "shards_committed": sorted(committed),
@@ -91,21 +94,28 @@ def _run(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int
     return summary
 
 
-def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, items, env: Dict):
+def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, items, env: Dict,
+                   read_options: Dict):
     """One Ray Data pipeline over the pending shards; commits each shard as soon as it is complete."""
     import ray
 
     renv = {"runtime_env": {"env_vars": env}} if env else {}
     _remove_stale_parts(output, {it["shard"] for it in items})
-    dl = DownloadConfig(downloads=storage.join(output, "_downloads"), image_size=info.image_size,
-                        resize_mode=info.resize_mode, threads=cfg.download_threads, timeout=cfg.timeout,
-                        retries=cfg.retries, max_pixels=cfg.max_image_pixels)
+    if read_options.get("fmt") in FILE_FORMATS:  # images already held: read where they lie
+        first, first_cfg = read_rows, ReadConfig(info.image_size, info.resize_mode, cfg.max_image_pixels,
+                                                 read_options.get("image_col"))
+    else:
+        first, first_cfg = download_rows, DownloadConfig(
+            downloads=storage.join(output, "_downloads"), image_size=info.image_size, resize_mode=info.resize_mode,
+            threads=cfg.download_threads, timeout=cfg.timeout, retries=cfg.retries, max_pixels=cfg.max_image_pixels)
+    keep = tuple(read_options.get("keep_columns") or ())
+    carry = {it["shard"]: CarriedColumns(it["input"], it["row_group"], keep) for it in items} if keep else {}
     gpus = cfg.gpus_per_worker
     if gpus is None:
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     ds = (
         ray.data.from_items(items, override_num_blocks=len(items))
-        .flat_map(download_rows, fn_kwargs={"cfg": dl}, num_cpus=DOWNLOAD_DECODE_CPUS, **renv)
+        .flat_map(first, fn_kwargs={"cfg": first_cfg}, num_cpus=DOWNLOAD_DECODE_CPUS, **renv)
         .map_batches(decode_batch, fn_kwargs={"size": info.image_size, "resize_mode": info.resize_mode,
                                               "max_pixels": cfg.max_image_pixels},
                      batch_size=cfg.batch_size, batch_format="numpy", num_cpus=DOWNLOAD_DECODE_CPUS, **renv)
@@ -137,7 +147,8 @@ def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, i
             parts[sid].append(rec["part"])
             counts[sid] += int(rec["rows"])
             if counts[sid] >= expected[sid] and sid not in futures:
-                futures[sid] = commit.options(**renv).remote(output, sid, list(parts[sid]), expected[sid], meta_json)
+                futures[sid] = commit.options(**renv).remote(output, sid, list(parts[sid]), expected[sid], meta_json,
+                                                             carry=carry.get(sid))
     except Exception as e:
         errors.append(f"pipeline: {type(e).__name__}: {str(e)[:500]}")
         print(f"[encode] pipeline failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

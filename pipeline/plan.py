@@ -9,6 +9,9 @@ Two streaming passes, neither holding the list:
      built in memory and written whole (one PUT on S3) by a background thread, so its zstd
      compression overlaps the next file's cutting and digests (at most two files in memory).
 A shard's digest hashes its rows' bytes; the plan digest hashes every shard's (rows, digest).
+Url lists and file inputs (webdataset shards, image folders, Parquet with bytes) are planned alike:
+pipeline.input_source reads either into the same columns, a file input's rows adding where each
+image lies (pipeline.locator); kept columns ride along in every shard.
 The same input always gives the same shards, digests and image ids: the basis of resuming.
 """
 from __future__ import annotations
@@ -27,8 +30,9 @@ import pyarrow.parquet as pq
 
 from edje.pipeline import storage
 from edje.pipeline.dedupe import IPC_OPTIONS, DuplicateFinder, drop_rows, iter_spill
+from edje.pipeline.input_source import estimate_rows, is_url_list, iter_samples
 from edje.pipeline.reasons import MALFORMED_ROW
-from edje.pipeline.url_source import InputFile, Malformed, ReadOptions, estimate_rows, iter_batches
+from edje.pipeline.url_source import InputFile, Malformed, ReadOptions
 from edje.pipeline.validate import Drops, split_counts, validate_batch
 
 SHARD_COLUMNS = ("image_id", "url", "caption")
@@ -63,20 +67,25 @@ def input_file(output: str, shard_id: int, shards_per_file: int) -> str:
     return storage.join(output, "_input", f"{shard_id // shards_per_file:05d}.parquet")
 
 
-def read_shard_input(path: str, row_group: int) -> pa.Table:
-    """One shard's rows (image_id, url, caption), ids derived from urls where the list had none."""
+def read_shard_input(path: str, row_group: int, columns: Optional[Sequence[str]] = None) -> pa.Table:
+    """One shard's rows (image_id, url, caption, then any other planned columns), ids derived from urls where
+    the list had none; only `columns` (and what ids are made from) when given."""
     fs, p = storage.url_to_fs(path)
     with fs.open(p, "rb") as f:
-        table = pq.ParquetFile(f).read_row_group(row_group)
-    return with_image_ids(table)
+        pf = pq.ParquetFile(f)
+        names = None if columns is None else [c for c in pf.schema_arrow.names if c in set(columns) | {"image_id", "url"}]
+        table = pf.read_row_group(row_group, columns=names)
+    table = with_image_ids(table)
+    return table if columns is None else table.select(list(columns))
 
 
 def with_image_ids(table: pa.Table) -> pa.Table:
     """The table with an image_id column: given ids kept, else 'u' + 19 hex digits of the url's sha1."""
-    if "image_id" in table.column_names:
-        return table.select(list(SHARD_COLUMNS))
-    ids = pa.array([url_image_id(u) for u in table.column("url").to_pylist()], pa.string())
-    return table.append_column("image_id", ids).select(list(SHARD_COLUMNS))
+    if "image_id" not in table.column_names:
+        ids = pa.array([url_image_id(u) for u in table.column("url").to_pylist()], pa.string())
+        table = table.append_column("image_id", ids)
+    first = [c for c in SHARD_COLUMNS if c in table.column_names]
+    return table.select(first + [c for c in table.column_names if c not in first])
 
 
 def url_image_id(url: str) -> str:
@@ -95,20 +104,21 @@ def plan_input(files: Sequence[InputFile], opts: ReadOptions, cfg: PlanConfig, o
     with tempfile.TemporaryDirectory(prefix="edje-plan-", dir=cfg.scratch) as tmp:
         finder = DuplicateFinder(tmp, buckets)
         spill_path = os.path.join(tmp, "kept.arrow")
-        rows_in, has_ids, writer, sink = 0, None, None, None
+        rows_in, has_ids, writer, sink, spill_schema = 0, None, None, None, None
+        check_urls = is_url_list(opts)
         for f in files:
-            for batch in iter_batches(f.path, opts, malformed):
+            for batch in iter_samples(f, opts, malformed):
                 file_ids = "image_id" in batch.column_names
                 if has_ids is None:
                     has_ids = file_ids
                 elif has_ids != file_ids:
                     raise ValueError(f"{f.path}: some input files have an image id column and others do not")
-                kept = validate_batch(batch, rows_in, drops)
+                kept = validate_batch(batch, rows_in, drops, check_urls)
                 rows_in += batch.num_rows
                 if writer is None:
-                    sink = pa.OSFile(spill_path, "wb")
-                    writer = pa.ipc.new_file(sink, kept.schema, options=IPC_OPTIONS)
-                writer.write_table(kept)
+                    sink, spill_schema = pa.OSFile(spill_path, "wb"), kept.schema
+                    writer = pa.ipc.new_file(sink, spill_schema, options=IPC_OPTIONS)
+                writer.write_table(_same_schema(kept, spill_schema, f.path))
                 finder.add(kept)
         if writer is not None:
             writer.close()
@@ -130,6 +140,20 @@ def plan_input(files: Sequence[InputFile], opts: ReadOptions, cfg: PlanConfig, o
                 examples=examples, shards=shards, digest=digest.hexdigest()[:16], has_ids=bool(has_ids),
                 timings={"read_validate_s": round(t1 - t0, 3), "dedupe_s": round(t2 - t1, 3),
                          "shard_write_s": round(t3 - t2, 3)})
+
+
+def _same_schema(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
+    """A batch in the spill's schema: one file's columns may come out as another type (int vs double,
+    strings in a kept column that was numbers); a lossless cast is made, anything else named."""
+    if table.schema.equals(schema):
+        return table
+    if table.column_names != schema.names:
+        raise ValueError(f"{path}: columns {table.column_names} differ from the earlier files' {schema.names}")
+    try:
+        return table.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise ValueError(f"{path}: a column's type differs from the earlier files' ({table.schema} vs {schema}): "
+                         f"{e}") from None
 
 
 def _cut(batches: Iterator[pa.Table], size: int) -> Iterator[pa.Table]:
@@ -157,7 +181,9 @@ def _write_shards(batches: Iterator[pa.Table], cfg: PlanConfig, output: Optional
     writing: Optional[Future] = None
     with ThreadPoolExecutor(1, thread_name_prefix="edje-input-writer") as pool:
         for sid, shard in enumerate(_cut(batches, cfg.shard_size)):
-            shard = shard.select([c for c in SHARD_COLUMNS if c in shard.column_names]).combine_chunks()
+            first = [c for c in SHARD_COLUMNS if c in shard.column_names]
+            shard = shard.select(first + [c for c in shard.column_names if c not in first and c != "row"])
+            shard = shard.combine_chunks()
             records["rows"].append(shard.num_rows)
             records["digest"].append(shard_digest(shard))
             if on_shard is not None:
@@ -198,7 +224,8 @@ def _write_input_file(url: str, shards: List[pa.Table]) -> None:
 
 
 def shard_digest(shard: pa.Table) -> str:
-    """sha256 (16 hex digits) of a shard's strings: each column's value bytes and their offsets."""
+    """sha256 (16 hex digits) of a shard: each string column's value bytes and their offsets, then any other
+    planned column's values (kept columns, image locations) in order."""
     h = hashlib.sha256()
     for name in SHARD_COLUMNS:
         if name not in shard.column_names:
@@ -209,4 +236,8 @@ def shard_digest(shard: pa.Table) -> str:
         h.update(name.encode())
         h.update((offsets - offsets[0]).astype("<i8").tobytes())
         h.update(memoryview(data)[offsets[0]:offsets[-1]] if data is not None else b"")
+    for name in shard.column_names:
+        if name not in SHARD_COLUMNS:
+            h.update(f"{name}:{shard.schema.field(name).type}".encode())
+            h.update(repr(shard.column(name).to_pylist()).encode())
     return h.hexdigest()[:16]

@@ -30,9 +30,13 @@ CONNECTION_ERROR = "connection_error"  # refused, reset, unknown host, closed wi
 DISALLOWED = "disallowed"  # X-Robots-Tag noai / noindex
 DOWNLOAD_ERROR = "download_error"  # anything else while fetching
 
+# Reading an image the input already holds (a file, a tar member, a Parquet cell).
+UNREADABLE_FILE = "unreadable_file"  # missing, unreadable, cut short, or no image bytes where the input points
+
 
 READ_REASONS = (MALFORMED_ROW, EMPTY_CAPTION, CAPTION_NOT_UTF8, DUPLICATE_URL, DUPLICATE_IMAGE_ID)
-ALL_REASONS = READ_REASONS + (HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, DISALLOWED, DOWNLOAD_ERROR) + IMAGE_REASONS
+ALL_REASONS = (READ_REASONS + (HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, DISALLOWED, DOWNLOAD_ERROR, UNREADABLE_FILE)
+               + IMAGE_REASONS)
 
 _HTTP = re.compile(r"HTTP Error \d{3}")
 

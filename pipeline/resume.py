@@ -8,22 +8,23 @@ Needs no Ray and no model, so the scale benchmark runs exactly this code.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Dict, Optional, Tuple
 
 import pyarrow as pa
 
+from edje.pipeline.input_source import expand, resolve_format
 from edje.pipeline.manifest import JobManifest, load_manifest, load_plan, save_manifest
 from edje.pipeline.plan import PlanConfig, plan_input
-from edje.pipeline.url_source import ReadOptions, expand_inputs, fingerprint
+from edje.pipeline.url_source import ReadOptions, fingerprint
 from edje.schemas.encode_job import EncodeJobConfig
 
 
 def plan_job(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int], meta: Dict,
              encoder: Dict) -> Tuple[JobManifest, pa.Table]:
     """The folder's manifest and shard records: reused, re-planned and checked, or planned afresh."""
-    opts = ReadOptions(cfg.input_format, cfg.url_col, cfg.caption_col, cfg.id_col)
-    files = expand_inputs(input_spec)
+    opts = read_options(cfg, input_spec)
+    files = expand(input_spec, opts)
     fp = fingerprint(files, opts)
     stored = load_manifest(output)
     if stored is not None:
@@ -45,3 +46,10 @@ def plan_job(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional
         return stored, plan.shards
     save_manifest(output, manifest, plan.shards)
     return manifest, plan.shards
+
+
+def read_options(cfg: EncodeJobConfig, input_spec) -> ReadOptions:
+    """How the input is read, its format resolved (pipeline.input_source.resolve_format)."""
+    opts = ReadOptions(cfg.input_format, cfg.url_col, cfg.caption_col, cfg.id_col, keep_columns=cfg.keep_columns,
+                       image_col=cfg.image_col, path_col=cfg.path_col)
+    return replace(opts, fmt=resolve_format(input_spec, opts))

@@ -4,15 +4,16 @@
 http(s)://, memory://). Folders and globs are expanded to a sorted list of files so that the
 same input always gives the same row order. Each file is TSV, CSV (optionally compressed) or
 Parquet; batches come out with canonical column names `url`, `caption` and (when the list has
-one) `image_id`, values still unvalidated. A file is never read whole: Parquet in record
-batches, TSV/CSV through Arrow's streaming CSV reader.
+one) `image_id`, plus the --keep-columns under their own names, values still unvalidated. A file
+is never read whole: Parquet in record batches, TSV/CSV through Arrow's streaming CSV reader.
+Kept columns keep their Parquet types; TSV/CSV have none, so theirs are strings.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import fsspec
 import pyarrow as pa
@@ -30,11 +31,19 @@ BATCH_ROWS = 131_072  # rows per batch: a few tens of MB of url + caption text
 class ReadOptions:
     """How to read the url-list files: format and the names of the url / caption / image id columns."""
 
-    fmt: str = "auto"  # auto | tsv | csv | parquet
+    fmt: str = "auto"  # auto | tsv | csv | parquet, or a file input (pipeline.input_source.FILE_FORMATS)
     url_col: str = "url"
     caption_col: str = "caption"
     id_col: str = "image_id"
     batch_rows: int = BATCH_ROWS
+    keep_columns: Tuple[str, ...] = ()  # input columns carried into the token tables
+    image_col: Optional[str] = None  # Parquet with image bytes: the image column (None: found by name)
+    path_col: str = "path"  # a table of image paths and captions: the path column
+
+    def wanted(self) -> Dict[str, str]:
+        """{input column name: canonical name} of the columns a url list is read for."""
+        return {self.url_col: "url", self.caption_col: "caption", self.id_col: "image_id",
+                **{c: c for c in self.keep_columns}}
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class InputFile:
     path: str  # full fsspec url
     size: Optional[int] = None
     version: Optional[str] = None
+    root: Optional[str] = None  # the folder of the --input entry that named it: ids made from paths are relative to it
 
 
 @dataclass
@@ -67,22 +77,38 @@ def expand_inputs(spec) -> List[InputFile]:
         if protocol in ("http", "https"):  # http has no listing: one url is one file
             files.append(InputFile(entry))
             continue
-        fs, path = url_to_fs(entry)
-        fs.invalidate_cache()
-        if fs.isdir(path):
-            found = fs.find(path, detail=True)
-            found = {p: d for p, d in found.items() if _is_list_file(p)}
-        elif any(c in path for c in "*?["):
-            found = fs.glob(path, detail=True)
-        else:
-            found = {path: fs.info(path)}
-        if not found:
-            raise FileNotFoundError(f"--input {entry!r} names no url-list file")
-        for p in sorted(found):
-            info = found[p]
-            version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
-            files.append(InputFile(fs.unstrip_protocol(p), info.get("size"), str(version) if version else None))
+        files += list_entry(entry, _is_list_file, "url-list")
     return files
+
+
+def list_entry(entry: str, wanted, what: str) -> List[InputFile]:
+    """The files one --input entry names (itself, a glob's matches, or the files under a folder that
+    `wanted(path)` accepts), sorted, each with its size and version."""
+    fs, path = url_to_fs(entry)
+    fs.invalidate_cache()
+    if fs.isdir(path):
+        root = path
+        found = fs.find(path, detail=True)
+        found = {p: d for p, d in found.items() if wanted(p)}
+    elif any(c in path for c in "*?["):
+        root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+        found = fs.glob(path, detail=True)
+    else:
+        root = path.rsplit("/", 1)[0]
+        found = {path: fs.info(path)}
+    if not found:
+        raise FileNotFoundError(f"--input {entry!r} names no {what} file")
+    out = []
+    for p in sorted(found):
+        info = found[p]
+        out.append(InputFile(fs.unstrip_protocol(p), info.get("size"), file_version(info), fs.unstrip_protocol(root)))
+    return out
+
+
+def file_version(info: dict) -> Optional[str]:
+    """What identifies a file's content in a listing: its etag on object stores, else its mtime."""
+    version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
+    return str(version) if version else None
 
 
 def _is_list_file(path: str) -> bool:
@@ -97,6 +123,8 @@ def _is_list_file(path: str) -> bool:
 def fingerprint(files: Sequence[InputFile], opts: ReadOptions) -> str:
     """Digest of the file list, sizes, versions and read options: equal means the same rows, unread."""
     desc = [[f.path, f.size, f.version] for f in files] + [[opts.fmt, opts.url_col, opts.caption_col, opts.id_col]]
+    if opts.keep_columns or opts.image_col or opts.path_col != ReadOptions.path_col:  # folders planned before stay valid
+        desc.append([list(opts.keep_columns), opts.image_col, opts.path_col])
     return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
 
 
@@ -126,32 +154,46 @@ def estimate_rows(files: Sequence[InputFile], opts: ReadOptions) -> int:
 
 def iter_batches(path: str, opts: ReadOptions, malformed: Malformed) -> Iterator[pa.Table]:
     """Batches of one file with canonical columns (url, caption[, image_id]); bad lines go to `malformed`."""
-    fmt = input_format(path, opts.fmt)
-    wanted = {opts.url_col: "url", opts.caption_col: "caption", opts.id_col: "image_id"}
+    yield from iter_columns(path, input_format(path, opts.fmt), opts, opts.wanted(), ("image_id",),
+                            opts.url_col, malformed)
+
+
+def iter_columns(path: str, fmt: str, opts: ReadOptions, wanted: Dict[str, str], optional: Sequence[str],
+                 header_col: str, malformed: Malformed, what: str = "url list") -> Iterator[pa.Table]:
+    """Batches of one TSV/CSV/Parquet table with its `wanted` columns renamed; all but the `optional` ones
+    must exist. A text file whose first line holds `header_col` has a header; one without is (url, caption[, more])."""
     if fmt == "parquet":
         with fsspec.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
-            columns = _column_map(pf.schema_arrow.names, wanted, path)
+            columns = column_map(pf.schema_arrow.names, wanted, path, optional, what)
             for batch in pf.iter_batches(batch_size=opts.batch_rows, columns=list(columns), use_threads=False):
                 yield pa.Table.from_batches([batch]).rename_columns([columns[c] for c in batch.schema.names])
     elif fmt in ("tsv", "csv"):
-        yield from _iter_delimited(path, "\t" if fmt == "tsv" else ",", opts, wanted, malformed)
+        yield from _iter_delimited(path, "\t" if fmt == "tsv" else ",", opts, wanted, optional, header_col,
+                                   malformed, what)
     else:
         raise ValueError(f"unknown input format {fmt!r} (tsv, csv or parquet)")
 
 
-def _column_map(names: Sequence[str], wanted: dict, path: str) -> dict:
-    """{file column: canonical name} for the url / caption / image_id columns, matched case-insensitively."""
+def column_map(names: Sequence[str], wanted: dict, path: str, optional: Sequence[str] = ("image_id",),
+               what: str = "url list") -> dict:
+    """{file column: canonical name} for the wanted columns, matched case-insensitively; a missing one is an
+    error unless its canonical name is `optional`."""
     lower = {n.strip().lower(): n for n in names}
     out = {}
     for given, canonical in wanted.items():
         found = lower.get(given.lower())
         if found is None:
-            if canonical == "image_id":
+            if canonical in optional:
                 continue
-            raise ValueError(f"{path}: the url list has no {given!r} column (columns: {list(names)})")
+            raise ValueError(f"{path}: the {what} has no {given!r} column (columns: {list(names)})")
         out[found] = canonical
     return out
+
+
+def first_line(path: str) -> bytes:
+    """The first line of a (possibly compressed) text file, without a BOM."""
+    return _first_line(path)
 
 
 def _first_line(path: str) -> bytes:
@@ -160,15 +202,16 @@ def _first_line(path: str) -> bytes:
     return line[3:] if line.startswith(b"\xef\xbb\xbf") else line  # a BOM would hide the first name
 
 
-def _iter_delimited(path: str, delimiter: str, opts: ReadOptions, wanted: dict,
-                    malformed: Malformed) -> Iterator[pa.Table]:
+def _iter_delimited(path: str, delimiter: str, opts: ReadOptions, wanted: dict, optional: Sequence[str],
+                    header_col: str, malformed: Malformed, what: str) -> Iterator[pa.Table]:
     first = [c.strip() for c in _first_line(path).rstrip(b"\r\n").split(delimiter.encode())]
-    has_header = opts.url_col.lower().encode() in [c.lower() for c in first]
+    has_header = header_col.lower().encode() in [c.lower() for c in first]
     if has_header:
         header = [c.decode("utf-8", "replace") for c in first]
     else:  # CC12M's own TSV has no header: url, caption[, more]
-        header = [opts.url_col, opts.caption_col] + [f"extra_{i}" for i in range(max(0, len(first) - 2))]
-    columns = _column_map(header, wanted, path)
+        header = [header_col, opts.caption_col] + [f"extra_{i}" for i in range(max(0, len(first) - 2))]
+    columns = column_map(header, wanted, path, optional, what)
+    kept = {c for c, canonical in columns.items() if canonical in opts.keep_columns}
 
     def on_invalid(row) -> str:
         malformed.count += 1
@@ -184,8 +227,10 @@ def _iter_delimited(path: str, delimiter: str, opts: ReadOptions, wanted: dict,
     parse = pacsv.ParseOptions(delimiter=delimiter, quote_char=False if delimiter == "\t" else '"',
                                escape_char=False, newlines_in_values=False, ignore_empty_lines=True,
                                invalid_row_handler=on_invalid)
-    # Every column as binary: UTF-8 is checked per row by validation, not by the parser.
-    convert = pacsv.ConvertOptions(include_columns=list(columns), column_types={c: pa.binary() for c in columns},
+    # Every column as binary: UTF-8 is checked per row by validation, not by the parser. Kept columns
+    # are text to the reader of the tables.
+    convert = pacsv.ConvertOptions(include_columns=list(columns),
+                                   column_types={c: pa.string() if c in kept else pa.binary() for c in columns},
                                    strings_can_be_null=False, quoted_strings_can_be_null=False, null_values=[])
     with fsspec.open(path, "rb", compression="infer") as f:
         reader = pacsv.open_csv(f, read_options=read, parse_options=parse, convert_options=convert)

@@ -5,7 +5,8 @@ UTF-8, empty, has no scheme or holds a tab or newline, or an empty image id (mal
 a caption that is not UTF-8 (caption_not_utf8) or empty after trimming (empty_caption).
 Duplicates are not decided here: they need the whole list (pipeline.dedupe). Every row
 carries its global index `row` (its position among the parsed rows of all files), which
-orders "first occurrence" and makes the plan deterministic.
+orders "first occurrence" and makes the plan deterministic. Other columns (kept columns, where a
+file input's image lies) pass through, filtered with the rows.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import pyarrow.compute as pc
 from edje.pipeline.reasons import CAPTION_NOT_UTF8, EMPTY_CAPTION, MALFORMED_ROW
 
 MAX_EXAMPLES = 5
+# A column an input may add: the reason (one of pipeline.reasons) a row it already knows to be unusable is
+# dropped under, before any other check; null for the usable rows.
+DROP_COLUMN = "_drop"
 
 
 @dataclass
@@ -37,8 +41,9 @@ class Drops:
             kept.extend(examples[: MAX_EXAMPLES - len(kept)])
 
 
-def validate_batch(batch: pa.Table, first_row: int, drops: Drops) -> pa.Table:
-    """Kept rows of a batch as (row, url, caption[, image_id]) strings, trimmed; drops counted in `drops`."""
+def validate_batch(batch: pa.Table, first_row: int, drops: Drops, check_urls: bool = True) -> pa.Table:
+    """Kept rows of a batch as (row, url, caption[, image_id], other columns), strings trimmed; drops counted
+    in `drops`. Without `check_urls` the url is provenance only (a file input's), not something to fetch."""
     n = batch.num_rows
     rows = pa.array(np.arange(first_row, first_row + n, dtype=np.int64))
     dropped = np.zeros(n, dtype=bool)
@@ -51,11 +56,16 @@ def validate_batch(batch: pa.Table, first_row: int, drops: Drops) -> pa.Table:
             drops.add(reason, len(idx), [f"row {first_row + i}: {_text(values[i].as_py())[:80]!r}"
                                          for i in idx[:MAX_EXAMPLES]])
 
+    if DROP_COLUMN in batch.column_names:
+        marked = batch.column(DROP_COLUMN).combine_chunks()
+        for reason in sorted(r for r in pc.unique(marked).to_pylist() if r is not None):
+            drop(pc.fill_null(pc.equal(marked, reason), False), reason, batch.column("url").combine_chunks())
     url = pc.utf8_trim_whitespace(_utf8(batch.column("url")))
-    bad_url = pc.or_(pc.equal(pc.binary_length(url), 0), pc.invert(pc.match_substring(url, "://")))
-    if _has_control_bytes(url):  # the regex is the slow check: run it only on batches that need it
-        bad_url = pc.or_(bad_url, pc.match_substring_regex(url, "[\t\r\n]"))
-    drop(bad_url, MALFORMED_ROW, batch.column("url").combine_chunks())
+    if check_urls:
+        bad_url = pc.or_(pc.equal(pc.binary_length(url), 0), pc.invert(pc.match_substring(url, "://")))
+        if _has_control_bytes(url):  # the regex is the slow check: run it only on batches that need it
+            bad_url = pc.or_(bad_url, pc.match_substring_regex(url, "[\t\r\n]"))
+        drop(bad_url, MALFORMED_ROW, batch.column("url").combine_chunks())
     out = {"row": rows, "url": url}
     if "image_id" in batch.column_names:
         ids = pc.utf8_trim_whitespace(_utf8(batch.column("image_id")))
@@ -67,6 +77,9 @@ def validate_batch(batch: pa.Table, first_row: int, drops: Drops) -> pa.Table:
     caption = pc.utf8_trim_whitespace(caption)
     drop(pc.equal(pc.binary_length(caption), 0), EMPTY_CAPTION, caption)
     out["caption"] = caption
+    for name in batch.column_names:
+        if name not in out and name != DROP_COLUMN:
+            out[name] = batch.column(name).combine_chunks()
     keep = pa.array(~dropped)
     return pa.table({k: pc.filter(v, keep) for k, v in out.items()})
 

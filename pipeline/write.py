@@ -6,14 +6,16 @@ commits a shard once parts covering all its input rows have been reported: `comm
 reads exactly those parts (parts left behind by failed task attempts are never read), keeps
 each input row once, writes the token table under a temporary name and renames it into place,
 then writes `stats/<shard>.json`, which is the shard's commit record: a shard is done iff
-its stats file exists.
+its stats file exists. Columns kept from the input (--keep-columns) are taken at the commit from the
+shard's planned rows, where they keep their Arrow types, rather than carried through the encoder.
 """
 from __future__ import annotations
 
 import time
 import uuid
 from collections import Counter
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +24,13 @@ import pyarrow.parquet as pq
 
 from edje.pipeline import storage
 from edje.pipeline.decode import OK
-from edje.schemas.token_table import TableMetadata, build_table_from_blobs, write_token_table
+from edje.schemas.token_table import (
+    TableMetadata,
+    build_table_from_blobs,
+    with_columns,
+    with_lineage,
+    write_token_table,
+)
 
 # When the encoder worked and when its actor was built; each part reports the earliest start and latest end.
 TIMING_COLUMNS = ("encode_start", "encode_end", "actor_init_start", "actor_init_end")
@@ -32,6 +40,25 @@ PART_COLUMNS = ("shard", "row", "image_id", "url", "caption", "status", "detail"
 
 class IncompleteShardError(RuntimeError):
     """The parts reported for a shard do not cover every one of its input rows."""
+
+
+@dataclass(frozen=True)
+class CarriedColumns:
+    """Columns a committed table takes from the rows it was made from: `columns` of the Parquet file `path`
+    (its row group `row_group`, or the whole file when None), whose row i is the shard's row i."""
+
+    path: str
+    row_group: Optional[int]
+    columns: Tuple[str, ...]
+
+    def read(self, rows: np.ndarray) -> pa.Table:
+        """The columns at the given shard rows."""
+        fs, path = storage.url_to_fs(self.path)
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            table = pf.read(list(self.columns)) if self.row_group is None else \
+                pf.read_row_group(self.row_group, list(self.columns))
+        return table.take(pa.array(rows, pa.int64()))
 
 
 def table_path(output: str, shard_id: int) -> str:
@@ -72,8 +99,10 @@ def write_parts(batch: pa.Table, output: str) -> pa.Table:
 
 
 def commit_shard(output: str, shard_id: int, parts: List[str], expected_rows: int, meta_json: str,
-                 extra: Optional[Dict] = None) -> Dict:
-    """Merge a shard's parts into its token table, commit it atomically, write its stats; returns stats."""
+                 extra: Optional[Dict] = None, carry: Optional[CarriedColumns] = None,
+                 lineage: Optional[Dict[str, Any]] = None) -> Dict:
+    """Merge a shard's parts into its token table (with the `carry` columns, and `lineage` when it was made
+    from other tables), commit it atomically, write its stats; returns stats."""
     start = time.time()
     done = storage.read_json(stats_path(output, shard_id))
     if done is not None:  # a retried commit whose first attempt got as far as the commit record
@@ -114,6 +143,10 @@ def commit_shard(output: str, shard_id: int, parts: List[str], expected_rows: in
         text_embeddings=_vectors(ok.column("text_embedding"), meta.embed_dim, n) if with_text else None,
         urls=ok.column("url").to_pylist(),
     )
+    if carry is not None and carry.columns:
+        table = with_columns(table, carry.read(ok.column("row").to_numpy()))
+    if lineage is not None:
+        table = with_lineage(table, lineage)
     target = table_path(output, shard_id)
     table_bytes = storage.atomic_write(target, lambda tmp: write_token_table(table, tmp))
     stats = {

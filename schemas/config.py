@@ -15,8 +15,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BackboneConfig:
-    """A frozen open_clip model: name, pretrained tag or local checkpoint, token layer."""
+    """A frozen open_clip model: a registry name with a pretrained tag or local checkpoint, or an `hf-hub:ORG/NAME`
+    repository (which carries its own weights); its token layer; what exactly was loaded."""
 
+    # open_clip registry name (weights from `pretrained`; none: random) or "hf-hub:ORG/NAME" (the repository's
+    # open_clip_config.json and weights; `pretrained` must be None)
     name: str
     pretrained: Optional[str] = None
     # "final" = post-norm last-layer tokens (what EDJE uses for SigLIP2);
@@ -25,10 +28,19 @@ class BackboneConfig:
     # sha256 of the local weights file (None for a tag or random weights): VisionBackbone.create refuses
     # a file that no longer holds these weights (schemas/weights.py).
     weights_sha256: Optional[str] = None
+    # The hub commit the weights (a tag's file, an hf-hub repository) were read from; given, it is the one loaded.
+    revision: Optional[str] = None
+    # The architecture alone, randomly initialised (tests, benchmarks); for an hf-hub name, its weights are skipped.
+    random_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.feature_layer not in ("final", "penultimate"):
             raise ValueError(f"feature_layer must be 'final' or 'penultimate', got {self.feature_layer!r}")
+        if self.random_weights and self.pretrained:
+            raise ValueError(f"backbone {self.name}: random_weights contradicts pretrained={self.pretrained!r}")
+        if self.name.startswith("hf-hub:") and self.pretrained:
+            raise ValueError(f"backbone {self.name} carries its own weights: give no pretrained tag or file "
+                             f"(got {self.pretrained!r})")
 
 
 @dataclass(frozen=True)

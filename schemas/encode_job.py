@@ -5,6 +5,12 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from edje.schemas.config import CodecConfig
+from edje.schemas.token_table import TABLE_COLUMNS
+
+# Url lists (downloaded), and the images a user already holds (read where they lie).
+URL_LIST_FORMATS = ("auto", "tsv", "csv", "parquet")
+FILE_FORMATS = ("webdataset", "image-folder", "image-parquet")
+INPUT_FORMATS = URL_LIST_FORMATS + FILE_FORMATS
 
 
 @dataclass(frozen=True)
@@ -14,12 +20,16 @@ class EncodeJobConfig:
     output: str
     # files, folders or globs on any fsspec path; a string is one entry
     input: Optional[Union[str, Tuple[str, ...]]] = None
-    input_format: str = "auto"  # auto | tsv | csv | parquet
+    input_format: str = "auto"  # one of INPUT_FORMATS; auto: detected (pipeline.input_source)
     url_col: str = "url"
     caption_col: str = "caption"
     id_col: str = "image_id"
+    keep_columns: Tuple[str, ...] = ()  # input columns carried into the token tables, with their types
+    image_col: Optional[str] = None  # image-parquet: the image column (None: found by name)
+    path_col: str = "path"  # image-folder given as a table: the image path column
     backbone: Optional[str] = None  # None: the adapter checkpoint's backbone, else schemas.shipped.DEFAULT_BACKBONE
     pretrained: Optional[str] = None
+    random_weights: bool = False  # the backbone's architecture, randomly initialised (tests and benchmarks)
     feature_layer: Optional[str] = None  # None: the adapter checkpoint's, else the backbone kind's default
     adapter: Optional[str] = None  # EDJE checkpoint dir -> compressed tables; None -> raw tables
     quant: str = "fp16"
@@ -30,7 +40,7 @@ class EncodeJobConfig:
     cpus_per_worker: float = 1.0
     torch_threads: int = 0  # 0: the encoder actor's CPU count
     compute_dtype: str = "fp32"  # "fp32" (tables equal on every device) or "bf16" (faster on a GPU)
-    shard_size: int = 1000  # url-list rows per input shard (= per output table)
+    shard_size: int = 1000  # input rows per shard (= per output table)
     shards_per_file: int = 64  # input shards per `_input/` Parquet file (one row group each)
     scratch: Optional[str] = None  # local folder for planning's spill files (default: system temp)
     download_threads: int = 32
@@ -51,8 +61,14 @@ class EncodeJobConfig:
         CodecConfig(self.quant, self.group_size)  # validates quantization / group size
         if min(self.batch_size, self.concurrency, self.shard_size, self.shards_per_file) < 1:
             raise ValueError("batch_size, concurrency, shard_size and shards_per_file must be >= 1")
-        if self.input_format not in ("auto", "tsv", "csv", "parquet"):
-            raise ValueError(f"input_format must be auto, tsv, csv or parquet, got {self.input_format!r}")
+        if self.input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
+        if isinstance(self.keep_columns, str):
+            object.__setattr__(self, "keep_columns", tuple(c.strip() for c in self.keep_columns.split(",") if c.strip()))
+        object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        clash = sorted(set(self.keep_columns) & set(TABLE_COLUMNS))
+        if clash:
+            raise ValueError(f"keep_columns {clash} are token table columns already")
 
     @property
     def kind(self) -> str:

@@ -3,7 +3,10 @@
 A row's token matrix is one fixed-size binary blob plus one blob of fp16 scales (measured:
 list columns are stored with repetition levels and read 10-50x slower for random access).
 Rows are sorted by image id, row groups are small and the page index is on, so one id is a
-cheap lookup. Every file carries `TableMetadata` under the schema key b"edje".
+cheap lookup. Every file carries `TableMetadata` under the schema key b"edje". Columns a user asked to keep
+(the encode job's --keep-columns: LAION's similarity, punsafe, ...) follow the table's own, with their types;
+readers select the columns they use. A table made from other tables (`edje compress`) records where it came
+from under b"edje.lineage": provenance, not part of what a reader checks the table against.
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ from edje.schemas.config import BackboneConfig, CodecConfig
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"edje"
+LINEAGE_KEY = b"edje.lineage"
+# Every column a token table of either kind may have; columns kept from the input take other names.
+TABLE_COLUMNS = ("image_id", "tokens", "token_scales", "image_embedding", "url", "caption", "text_embedding")
 TableKind = Literal["raw", "compressed"]
 ROW_GROUP_ROWS = 128
 
@@ -58,15 +64,25 @@ class TableMetadata:
     # The arithmetic that made the tokens ("fp32" or "bf16", whatever the device): `quantization` is
     # how they are stored, this is how they were computed (ARCHITECTURE.md, "Precision").
     compute_dtype: str = "fp32"
-    # sha256 of the `pretrained` weights file (None for a tag): the same path with other weights is refused.
+    # sha256 of the backbone's weights file (a local file, a tag's download, an hf-hub repository's weights): the
+    # same name with other weights is refused.
     pretrained_sha256: Optional[str] = None
+    # The hub commit the backbone was read from (an hf-hub repository, or a tag's weights on the hub).
+    backbone_revision: Optional[str] = None
+    backbone_random_weights: bool = False  # made by the architecture alone, randomly initialised
+
+    def backbone_config(self) -> BackboneConfig:
+        """The backbone that made this table's tokens, as loaded: name, tag or file, revision, weights' sha256."""
+        return BackboneConfig(self.backbone, self.pretrained, self.feature_layer, self.pretrained_sha256,
+                              self.backbone_revision, self.backbone_random_weights)
 
     def first_stage_backbone(self, pretrained_override: Optional[str] = None) -> BackboneConfig:
         """The backbone that embeds queries against this table's image embeddings (the first stage)."""
         if self.embedding_backbone:
             return BackboneConfig(self.embedding_backbone, pretrained_override or self.embedding_pretrained)
-        return BackboneConfig(self.backbone, pretrained_override or self.pretrained, self.feature_layer,
-                              self.pretrained_sha256)
+        if pretrained_override:
+            return BackboneConfig(self.backbone, pretrained_override, self.feature_layer, self.pretrained_sha256)
+        return self.backbone_config()
 
     @property
     def codec(self) -> TokenCodec:
@@ -153,7 +169,7 @@ def build_table_from_blobs(
             raise ValueError(f"{meta.quantization} tables need token scales")
         sc = np.ascontiguousarray(np.asarray(scales, dtype="<f2"))
         _check_rows("token_scales", sc, (b, codec.num_scales))
-        columns["token_scales"] = _fixed_binary(sc.view(np.uint8).reshape(b, -1), 2 * codec.num_scales)
+        columns["token_scales"] = _fixed_binary(sc.view(np.uint8).reshape(b, 2 * codec.num_scales), 2 * codec.num_scales)
     columns["image_embedding"] = _fixed_list(image_embeddings, meta.embed_dim)
     if urls is not None and len(urls) != b:
         raise ValueError(f"urls has {len(urls)} rows, expected {b}")
@@ -165,6 +181,34 @@ def build_table_from_blobs(
         columns["caption"] = pa.array(list(captions), pa.string())
         columns["text_embedding"] = _fixed_list(text_embeddings, meta.embed_dim)
     return pa.Table.from_pydict(columns, schema=table_schema(meta, with_text))
+
+
+def with_columns(table: pa.Table, extra: Optional[pa.Table]) -> pa.Table:
+    """A token table with `extra`'s columns (row for row, types as they are) after its own."""
+    if extra is None or extra.num_columns == 0:
+        return table
+    if extra.num_rows != table.num_rows:
+        raise ValueError(f"kept columns have {extra.num_rows} rows, the table {table.num_rows}")
+    clash = sorted(set(extra.column_names) & set(TABLE_COLUMNS))
+    if clash:
+        raise ValueError(f"kept columns {clash} would replace token table columns")
+    for field in extra.schema:
+        table = table.append_column(field, extra.column(field.name))
+    return table
+
+
+def with_lineage(table: pa.Table, lineage: Dict[str, Any]) -> pa.Table:
+    """A token table that records where it came from (JSON under LINEAGE_KEY)."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          LINEAGE_KEY: json.dumps(lineage, sort_keys=True).encode()})
+
+
+def read_lineage(path: str, filesystem: Optional[fsspec.AbstractFileSystem] = None) -> Optional[Dict[str, Any]]:
+    """Where a token table came from, or None for one encoded from images."""
+    fs, fs_path = _fs(path, filesystem)
+    with fs.open(fs_path, "rb") as f:
+        raw = (pq.read_schema(f).metadata or {}).get(LINEAGE_KEY)
+    return json.loads(raw) if raw else None
 
 
 def write_token_table(table: pa.Table, path: str, filesystem: Optional[fsspec.AbstractFileSystem] = None) -> int:

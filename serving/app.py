@@ -37,9 +37,27 @@ def check_tables(config: ServeConfig) -> None:
         read_metadata(path).check(path, **want)
 
 
+def check_models(config: ServeConfig) -> None:
+    """Refuse, before deploying anything, a backbone the tables name that cannot be had here (CheckpointNotFound:
+    one line naming it and why). Nothing large is downloaded: each replica loads the weights itself, at the
+    commit the tables record."""
+    from edje.model.backbone_weights import resolve
+    from edje.schemas.token_table import read_metadata
+
+    seen = set()
+    for paths in (config.token_tables, config.image_tables, config.caption_sources):
+        if paths:
+            backbone = read_metadata(paths[0]).first_stage_backbone(config.backbone_pretrained)
+            if backbone not in seen:
+                seen.add(backbone)
+                resolve(backbone, fetch_weights=False)
+
+
 def build(config: ServeConfig) -> Application:
-    """The bound application for a ServeConfig (pass it to serve.run); mismatched tables raise here."""
+    """The bound application for a ServeConfig (pass it to serve.run); mismatched tables and backbones that cannot
+    be had raise here."""
     check_tables(config)
+    check_models(config)
     threads = config.torch_threads or 1
     rerankers, first_stages = [], []
     if config.checkpoint is not None:

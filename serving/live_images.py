@@ -54,14 +54,15 @@ class ImageEncoder:
 
     def __init__(self, meta: TableMetadata, adapter: torch.nn.Module, device: torch.device, max_pixels: int):
         from edje.model.token_encoder import TokenEncoder
-        from edje.schemas.config import BackboneConfig, CodecConfig
+        from edje.schemas.config import CodecConfig
 
         self.meta, self.max_pixels = meta, max_pixels
         if getattr(meta, "embedding_backbone", None):
             # Tables of diagnostic tokens (not the backbone's): an image cannot be encoded into them.
             raise ValueError(f"the served tables' tokens do not come from backbone {meta.backbone}: no live images")
-        # The backbone the tables name: live rows must come from the same model as the stored ones.
-        self.encoder = TokenEncoder.create(BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer), adapter,
+        # The backbone the tables name, at the revision and weights they record: live rows must come from the same
+        # model as the stored ones.
+        self.encoder = TokenEncoder.create(meta.backbone_config(), adapter,
                                            CodecConfig(meta.quantization, meta.group_size), device, meta.compute_dtype)
         if self.encoder.backbone.embed_dim != meta.embed_dim:
             raise ValueError(f"backbone {meta.backbone} embeds in {self.encoder.backbone.embed_dim}, tables in {meta.embed_dim}")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+# Hermetic by default: no test reaches a hub by accident. Tests of loading by name point the real client at the
+# loopback hub (tests/hub_server.py) instead, and run jobs with HF_ENDPOINT set and this variable removed.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

@@ -59,8 +59,8 @@ def test_rank_orders_by_the_rule_and_predict_agrees(reranker, tmp_path):
     hits = reranker.rank(query, paths, return_documents=True)
     scores = [h["score"] for h in hits]
     assert scores == sorted(scores, reverse=True) and sorted(h["corpus_id"] for h in hits) == list(range(8))
-    assert all(h["document"] == paths[h["corpus_id"]] for h in hits)
-    assert reranker.rank(query, paths, top_k=2) == [{k: v for k, v in h.items() if k != "document"} for h in hits[:2]]
+    assert all(h["text"] == paths[h["corpus_id"]] for h in hits)  # CrossEncoder.rank's key
+    assert reranker.rank(query, paths, top_k=2) == [{k: v for k, v in h.items() if k != "text"} for h in hits[:2]]
     # documents as bytes and PIL images score exactly like their files
     from PIL import Image
     as_bytes = reranker.rank(query, [Path(p).read_bytes() for p in paths])

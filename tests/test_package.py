@@ -13,7 +13,7 @@ import pytest
 from edje.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parent.parent
-JOBS = ("encode", "pretrain", "finetune", "distill", "evaluate", "serve", "quickstart", "sampleworld")
+JOBS = ("encode", "compress", "pretrain", "finetune", "distill", "evaluate", "serve", "quickstart", "sampleworld")
 
 
 def test_edje_help_lists_every_job(capsys):

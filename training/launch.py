@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 from typing import List, Optional, Sequence, Tuple
 
 import fsspec
 
+from edje.model.hub import CheckpointNotFound, hub_env
 from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata
 from edje.training.config import OBJECTIVES, ModelSpec, TrainJobConfig
+from edje.training.language_model import pack, resolve_language_model
 from edje.training.sampler import CurriculumConfig
 
 
@@ -33,6 +34,7 @@ def check_tables(paths: Sequence[str]) -> TableMetadata:
             first = meta
         else:
             meta.check(p, kind="raw", backbone=first.backbone, pretrained=first.pretrained,
+                       backbone_revision=first.backbone_revision, pretrained_sha256=first.pretrained_sha256,
                        feature_layer=first.feature_layer, num_tokens=first.num_tokens, width=first.width,
                        quantization=first.quantization, embed_dim=first.embed_dim, group_size=first.group_size)
     assert first is not None
@@ -51,8 +53,9 @@ def read_dataset(paths: Sequence[str]):
     return ray.data.read_parquet(stripped, filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(fs)))
 
 
-def run(cfg: TrainJobConfig):
-    """Fit on Ray Train; returns the ray.train.Result (its .checkpoint is the newest checkpoint)."""
+def run(cfg: TrainJobConfig, language_model=None):
+    """Fit on Ray Train; returns the ray.train.Result (its .checkpoint is the newest checkpoint). `language_model`:
+    an object ref of the language model's files (training/language_model.py), which the workers start from."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -63,7 +66,7 @@ def run(cfg: TrainJobConfig):
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,
                            "batches_per_epoch": count_rows(paths) // (cfg.batch_size * cfg.num_workers),
-                           "storage": storage},
+                           "storage": storage, "language_model": language_model},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,
@@ -121,19 +124,20 @@ def _entry(config: dict) -> None:
 
 
 def export_checkpoint(result, target: str) -> str:
-    """Copy the run's newest checkpoint (model files; the optimizer state stays behind) to `target`."""
+    """Copy the run's newest checkpoint (model files; the optimizer state stays behind) to `target`, a local folder or
+    any fsspec URL (s3://bucket/edje-c64: where the next job of a cluster reads it)."""
     if result.checkpoint is None:
         raise RuntimeError("the run reported no checkpoint")
+    fs, root = fsspec.core.url_to_fs(target)
     with result.checkpoint.as_directory() as d:
-        os.makedirs(target, exist_ok=True)
-        for name in os.listdir(d):
-            if name == "optimizer.pt":
-                continue
-            src, dst = os.path.join(d, name), os.path.join(target, name)
-            if os.path.isdir(src):
-                shutil.copytree(src, dst, dirs_exist_ok=True)
-            else:
-                shutil.copy2(src, dst)
+        fs.makedirs(root, exist_ok=True)
+        for folder, _, names in os.walk(d):
+            for name in names:
+                if name == "optimizer.pt" and folder == d:
+                    continue
+                rel = os.path.relpath(os.path.join(folder, name), d).replace(os.sep, "/")
+                fs.makedirs(f"{root}/{rel}".rsplit("/", 1)[0], exist_ok=True)
+                fs.put_file(os.path.join(folder, name), f"{root}/{rel}")
     return target
 
 
@@ -144,7 +148,8 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     p.add_argument("--tables", nargs="+", required=True, help="raw token tables: files or folders, any fsspec path")
     p.add_argument("--storage-path", required=True, help="where Ray Train keeps checkpoints (local dir or URI)")
     p.add_argument("--name", required=True, help="run name; rerunning the same name resumes from its newest checkpoint")
-    p.add_argument("--export", help="copy the final checkpoint (our format) to this folder")
+    p.add_argument("--export", help="copy the final checkpoint (our format, without optimizer state) to this folder, "
+                   "local or any fsspec URL such as s3://bucket/edje-c64 (the next job's --adapter / --init / --teacher)")
     p.add_argument("--num-workers", type=int, default=d.num_workers)
     p.add_argument("--use-gpu", action="store_true")
     p.add_argument("--cpus-per-worker", type=float, default=d.cpus_per_worker)
@@ -199,7 +204,9 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
                    "(also added to an --init checkpoint's adapter)")
     m.add_argument("--adapter-position-gain", type=float, default=s.adapter_position_gain,
                    help="initial gain of the 2-D table (unit norm per cell; backbone tokens are ~17 long)")
-    m.add_argument("--language-model", help="local BERT folder (default: the packaged all-MiniLM-L6-v2)")
+    m.add_argument("--language-model", help="BERT-family language model: a hub id (e.g. "
+                   "microsoft/MiniLM-L12-H384-uncased, the paper's) or a folder; resolved once on the driver and "
+                   "shipped to every worker (default: the packaged all-MiniLM-L6-v2)")
     m.add_argument("--encoder-layers", type=int, help="keep only the first N language-model layers")
     m.add_argument("--max-text-tokens", type=int, default=s.max_text_tokens)
     m.add_argument("--word-context", type=int, default=s.word_context,
@@ -257,6 +264,23 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
         keep_checkpoints=a.keep_checkpoints, max_failures=a.max_failures, seed=a.seed)
 
 
+def _language_model_files(cfg: TrainJobConfig, job: str) -> Optional[dict]:
+    """The named language model's files, resolved once here (exit with one line when it cannot be had); None when
+    the run needs none (it starts from a checkpoint) or uses the packaged default, which every node has."""
+    spec = cfg.model
+    if spec.language_model is None or cfg.init_checkpoint or cfg.init_encoder_from:
+        return None
+    try:
+        lm = resolve_language_model(spec.language_model)
+        files = pack(lm.folder, weights=spec.bert_config is None)
+    except CheckpointNotFound as e:
+        raise SystemExit(f"[{job}] {e}") from None
+    where = f" at {lm.revision}" if lm.revision else ""
+    print(f"[{job}] language model {lm.name}{where}: {len(files)} files, {sum(map(len, files.values())) >> 20} MiB "
+          f"shipped to the workers", flush=True)
+    return files
+
+
 def _absolute(path: Optional[str]) -> Optional[str]:
     """A local path made absolute: Ray Train workers run in another working directory than the driver."""
     if path is None or "://" in path:
@@ -284,8 +308,9 @@ def main(argv, description: str, lr: float, objectives: Tuple[str, ...], adjust=
     if adjust is not None:
         cfg = adjust(cfg, a)
     address = a.ray_address or os.environ.get("RAY_ADDRESS") or "local"
-    env = {k: os.environ.get(k, v) for k, v in (("NO_ALBUMENTATIONS_UPDATE", "1"), ("HF_HUB_OFFLINE", "1"),
-                                                    ("TRANSFORMERS_OFFLINE", "1"))}
+    files = _language_model_files(cfg, "train")
+    # The workers reach the hub (or stay offline) as this driver does: its HF_* variables, never a forced mode.
+    env = {"NO_ALBUMENTATIONS_UPDATE": os.environ.get("NO_ALBUMENTATIONS_UPDATE", "1"), **hub_env()}
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
     kwargs = {}
@@ -293,7 +318,7 @@ def main(argv, description: str, lr: float, objectives: Tuple[str, ...], adjust=
         # Ray Data's read tasks need a CPU beside the training workers, or the shard never fills.
         kwargs["num_cpus"] = max(os.cpu_count() or 1, int(math.ceil(cfg.num_workers * cfg.cpus_per_worker)) + 1)
     ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True, **kwargs)
-    result = run(cfg)
+    result = run(cfg, ray.put(files) if files is not None else None)
     print(f"final metrics: {result.metrics}")
     if result.checkpoint is not None:
         print(f"newest checkpoint: {result.checkpoint.path}")

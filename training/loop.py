@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, Iterator, Optional, Tuple
 
 import pyarrow as pa
@@ -25,6 +25,7 @@ from edje.schemas.annotations import load_grounding
 from edje.schemas.token_table import TableMetadata, vector_matrix
 from edje.training.batches import TrainBatch, decode_batch, gather_batch
 from edje.training.config import TrainJobConfig
+from edje.training.language_model import unpack
 from edje.training.masking import PieceGroups, WordGroups
 from edje.training.mining import MinerConfig
 from edje.training.model_init import build_model
@@ -180,6 +181,10 @@ def train_loop_per_worker(config: dict) -> None:
 
     cfg: TrainJobConfig = config["job"]
     meta: TableMetadata = config["meta"]
+    if config.get("language_model") is not None:
+        # The driver resolved the language model once and shipped its files: this node needs no copy of its own.
+        folder = unpack(ray.get(config["language_model"]))
+        cfg = replace(cfg, model=replace(cfg.model, language_model=folder))
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     torch.manual_seed(cfg.seed + rank)

