@@ -28,7 +28,7 @@ from edje.pipeline.compress import (
     load_adapter,
     read_raw_rows,
 )
-from edje.pipeline.job import WRITER_CPUS, IncompleteJobError, RayConnection, _remove_stale_parts
+from edje.pipeline.job import WRITER_CPUS, IncompleteJobError, RayConnection, gather_commits, remove_stale_parts
 from edje.pipeline.manifest import (
     JobManifest,
     ManifestMismatchError,
@@ -144,7 +144,7 @@ def _compress_shards(cfg: CompressJobConfig, output: str, spec: CompressSpec, me
     import ray
 
     renv = {"runtime_env": {"env_vars": env}} if env else {}
-    _remove_stale_parts(output, set(pending))
+    remove_stale_parts(output, set(pending))
     gpus = cfg.gpus_per_worker
     if gpus is None:
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
@@ -174,10 +174,4 @@ def _compress_shards(cfg: CompressJobConfig, output: str, spec: CompressSpec, me
     except Exception as e:
         errors.append(f"pipeline: {type(e).__name__}: {str(e)[:500]}")
         print(f"[compress] pipeline failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-    committed = {}
-    for sid, fut in futures.items():
-        try:
-            committed[sid] = ray.get(fut)
-        except Exception as e:
-            errors.append(f"table {sid}: {type(e).__name__}: {str(e)[:300]}")
-    return committed, errors
+    return gather_commits(futures, errors, "table"), errors

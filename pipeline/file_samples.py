@@ -10,6 +10,7 @@ anything else its JSON text. A column that is null in a whole batch is float64, 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Dict, List, Optional, Sequence
 
 import pyarrow as pa
@@ -23,6 +24,17 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "
 def path_image_id(relative: str) -> str:
     """Stable image id of a sample known only by where it lies: 'p' + 19 hex digits of the path's sha1."""
     return "p" + hashlib.sha1(relative.encode("utf-8")).hexdigest()[:19]
+
+
+def json_object(data: Optional[bytes]) -> Dict:
+    """A sample's JSON sidecar as a dict; {} when absent, unparsable or not an object (its fields are optional)."""
+    if not data:
+        return {}
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def json_array(values: Sequence) -> pa.Array:

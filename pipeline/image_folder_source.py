@@ -14,12 +14,11 @@ listing and the sidecars (in bulk: concurrent requests on object stores).
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Dict, Iterator, List
 
 import pyarrow as pa
 
-from edje.pipeline.file_samples import IMAGE_EXTENSIONS, sample_table, split_file_name
+from edje.pipeline.file_samples import IMAGE_EXTENSIONS, json_object, sample_table, split_file_name
 from edje.pipeline.locator import FILE, locator_arrays
 from edje.pipeline.reasons import MALFORMED_ROW
 from edje.pipeline.storage import url_to_fs
@@ -105,7 +104,7 @@ def _folder_samples(f: InputFile, opts: ReadOptions) -> Iterator[pa.Table]:
         ids, urls, captions = [], [], []
         keep: Dict[str, List] = {c: [] for c in opts.keep_columns}
         for path, key in zip(chunk, keys):
-            meta = _json_object(side.get(f"{root}/{key}.json"))
+            meta = json_object(side.get(f"{root}/{key}.json"))
             caption = side.get(f"{root}/{key}.txt")
             if caption is None and isinstance(meta.get(opts.caption_col), str):
                 caption = meta[opts.caption_col].encode("utf-8")
@@ -117,16 +116,6 @@ def _folder_samples(f: InputFile, opts: ReadOptions) -> Iterator[pa.Table]:
         n = len(chunk)
         yield sample_table(ids, urls, captions, [fs.unstrip_protocol(p) for p in chunk], [0] * n, [-1] * n,
                            [FILE] * n, keep)
-
-
-def _json_object(data) -> Dict:
-    if not data:
-        return {}
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _table_samples(f: InputFile, opts: ReadOptions, malformed: Malformed) -> Iterator[pa.Table]:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from edje.model.hub import hub_env
 from edje.pipeline import storage
@@ -100,7 +100,7 @@ def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, i
     import ray
 
     renv = {"runtime_env": {"env_vars": env}} if env else {}
-    _remove_stale_parts(output, {it["shard"] for it in items})
+    remove_stale_parts(output, {it["shard"] for it in items})
     if read_options.get("fmt") in FILE_FORMATS:  # images already held: read where they lie
         first, first_cfg = read_rows, ReadConfig(info.image_size, info.resize_mode, cfg.max_image_pixels,
                                                  read_options.get("image_col"))
@@ -152,12 +152,7 @@ def _encode_shards(cfg: EncodeJobConfig, output: str, spec: EncoderSpec, info, i
     except Exception as e:
         errors.append(f"pipeline: {type(e).__name__}: {str(e)[:500]}")
         print(f"[encode] pipeline failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-    committed = {}
-    for sid, fut in futures.items():
-        try:
-            committed[sid] = ray.get(fut)
-        except Exception as e:
-            errors.append(f"shard {sid}: {type(e).__name__}: {str(e)[:300]}")
+    committed = gather_commits(futures, errors, "shard")
     flow_ops = _operator_seconds(ds)
     window = marks["encode_end"] - marks["encode_start"]
     flow = {"encoder_window_s": round(window, 3) if window > 0 else None,
@@ -191,7 +186,20 @@ def _meta_json(meta) -> str:
     return meta.to_bytes().decode()
 
 
-def _remove_stale_parts(output: str, pending) -> None:
+def gather_commits(futures: Dict[int, object], errors: List[str], what: str) -> Dict[int, object]:
+    """Each commit task's result by id; a failed one becomes a line in `errors` naming it (`what` its kind)."""
+    import ray
+
+    committed = {}
+    for sid, fut in futures.items():
+        try:
+            committed[sid] = ray.get(fut)
+        except Exception as e:
+            errors.append(f"{what} {sid}: {type(e).__name__}: {str(e)[:300]}")
+    return committed
+
+
+def remove_stale_parts(output: str, pending) -> None:
     """Parts of an interrupted run are never mixed with this run's: one listing, then removals."""
     fs, path = storage.url_to_fs(storage.join(output, "_parts"))
     fs.invalidate_cache()

@@ -11,13 +11,12 @@ sample before the cut; the sample whose image runs past the end is counted as un
 """
 from __future__ import annotations
 
-import json
 import tarfile
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List
 
 import pyarrow as pa
 
-from edje.pipeline.file_samples import IMAGE_EXTENSIONS, sample_table, split_member_name
+from edje.pipeline.file_samples import IMAGE_EXTENSIONS, json_object, sample_table, split_member_name
 from edje.pipeline.locator import RANGE
 from edje.pipeline.reasons import MALFORMED_ROW
 from edje.pipeline.storage import url_to_fs
@@ -41,7 +40,7 @@ def iter_samples(f: InputFile, opts: ReadOptions, malformed: Malformed) -> Itera
     ids, urls, captions, positions, lengths, drops = [], [], [], [], [], []
     keep: Dict[str, List] = {c: [] for c in opts.keep_columns}
     for key, members in samples.items():
-        meta = _json(members.get("json"))
+        meta = json_object(members.get("json"))
         image = next((members[e] for e in wanted if e in members), None)
         caption = members.get("txt")
         if caption is None and isinstance(meta.get(opts.caption_col), str):
@@ -84,13 +83,3 @@ def scan_tar(path: str, malformed: Malformed, images=IMAGE_EXTENSIONS) -> Dict[s
                 if len(malformed.examples) < 5:
                     malformed.examples.append(f"{path}: not a readable tar ({type(e).__name__}: {e})")
     return samples
-
-
-def _json(data: Optional[bytes]) -> Dict:
-    if not data:
-        return {}
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -30,6 +30,7 @@ import pytest
 import requests
 from hub_repos import hub_environment, publish_shipped
 from hub_server import LoopbackHub
+from ray_nodes import our_processes
 
 from edje.serving.ports import free_port
 
@@ -106,19 +107,6 @@ def _port_open(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _our_processes(marker: str) -> list:
-    """Pids whose command line names our temp dir: this cluster's daemons and workers, never another's."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +191,7 @@ def cluster(world):
                 p.wait()
         for log in logs:
             log.close()
-        for pid in _our_processes(temp):
+        for pid in our_processes(temp):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

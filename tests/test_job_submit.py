@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_nodes import our_processes
 
 from edje.serving.ports import free_port
 
@@ -37,19 +38,6 @@ def auth_env(token: str) -> dict:
     """The environment the README asks for, on the head and in the submitting shell."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
     return {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-
-
-def _our_processes(marker: str) -> list:
-    """Pids whose command line names our temp dir: the head's daemons and workers, never another cluster's."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +76,7 @@ def head():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
-        for pid in _our_processes(temp):  # anything that outlived the head's own shutdown
+        for pid in our_processes(temp):  # anything that outlived the head's own shutdown
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
