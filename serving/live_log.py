@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -742,8 +743,18 @@ class _nolock:
 
 
 def _same_layout(a: pa.Schema, b: pa.Schema) -> bool:
-    """Same columns and types, same EDJE metadata."""
-    return a.equals(b) and (a.metadata or {}).get(METADATA_KEY) == (b.metadata or {}).get(METADATA_KEY)
+    """Same columns and types, same EDJE metadata (compared as metadata, not as bytes: a release that adds a field
+    with a default writes other bytes for the same table, and a folder must outlive an upgrade)."""
+    if not a.equals(b):
+        return False
+    raw_a, raw_b = (a.metadata or {}).get(METADATA_KEY), (b.metadata or {}).get(METADATA_KEY)
+    return raw_a == raw_b or (None not in (raw_a, raw_b) and _metadata(raw_a) == _metadata(raw_b))
+
+
+@functools.lru_cache(maxsize=64)
+def _metadata(raw: bytes) -> TableMetadata:
+    """Parsed table metadata (cached: every append compares its rows' metadata with the log's)."""
+    return TableMetadata.from_bytes(raw)
 
 
 def _count(folder: str, suffix: str) -> int:

@@ -482,7 +482,10 @@ def _stress(tmp_path: Path, processes: int, adds: int, seed: int, budget_s: floa
     outs = [p.communicate(timeout=budget_s + 120) for p in procs]
     assert all(p.returncode == 0 for p in procs), (f"seed {seed}", [o[1][-3000:] for o in outs])
     results = [json.loads((out_dir / f"{k}.json").read_text()) for k in range(processes)]
-    on_disk = _everything(live_dir)  # asserts each id is there once
+    try:
+        on_disk = _everything(live_dir)  # asserts each id is there once
+    except Exception as e:
+        raise AssertionError(f"seed {seed}: the folder cannot be read: {e}") from e
     acked: dict = {}
     for k, res in enumerate(results):
         table = _stress_rows(k, adds)
@@ -521,3 +524,36 @@ def test_four_processes_adding_two_thousand_images_each_keep_every_acknowledged_
     got = _stress(tmp_path, processes=4, adds=2000, seed=seed, budget_s=900)
     print(got)
     assert got["ok"] >= 0.95 * 8000 and got["taken"] and got["failed"] and got["compactions"] >= 4, got
+
+
+def _as_an_older_release_wrote_it(table: pa.Table) -> pa.Table:
+    """The table with EDJE metadata that lacks every field whose value is its default (a release before them)."""
+    import dataclasses
+
+    from edje.schemas.token_table import METADATA_KEY
+
+    raw = json.loads(table.schema.metadata[METADATA_KEY])
+    defaults = {f.name: f.default for f in dataclasses.fields(TableMetadata) if f.default is not dataclasses.MISSING}
+    older = {k: v for k, v in raw.items() if not (k in defaults and defaults[k] == v and k != "schema_version")}
+    assert len(older) < len(raw)
+    return table.replace_schema_metadata({**table.schema.metadata, METADATA_KEY: json.dumps(older).encode()})
+
+
+def test_a_folder_an_older_release_wrote_is_read_and_appended_to(tmp_path):
+    import pyarrow.parquet as pq
+
+    from edje.serving.live_log import record, segment_header
+
+    older = _as_an_older_release_wrote_it(_rows(["o0", "o1", "o2"]))
+    (tmp_path / "parts").mkdir()
+    part = "0000000000000001-0000000000000002.parquet"
+    pq.write_table(older.slice(0, 2), tmp_path / "parts" / part)
+    (tmp_path / "MANIFEST").write_text(json.dumps(dict(through=2, parts=[dict(name=part, first=1, last=2, rows=2,
+                                                                               bytes=1)])))
+    (tmp_path / "LOG").write_bytes(segment_header(older.schema, 3) + record(3, older.slice(2, 1).to_batches()[0]))
+    replica = LiveLog(str(tmp_path), LiveLogConfig(part_rows=2), expected=EXPECTED)
+    assert replica.poll().column("image_id").to_pylist() == ["o0", "o1", "o2"]
+    new = _rows(["n0"], seed=1)
+    _add(replica, new)  # this release's metadata bytes after the older ones
+    replica.compact()
+    assert _everything(tmp_path) == {**_by_id(older), **_by_id(new)}
