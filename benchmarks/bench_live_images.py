@@ -62,6 +62,8 @@ def main() -> None:
     p.add_argument("--scale", type=int, default=0, help="live log at scale: this many adds (no Ray, no HTTP)")
     p.add_argument("--auto", type=int, default=20_000, help="--scale: adds with the default automatic compaction")
     p.add_argument("--legacy", type=int, default=2_000, help="--scale: adds in the one-table-per-image layout")
+    p.add_argument("--sqlite", type=int, default=0,
+                   help="--scale: adds into SQLite in WAL mode (synchronous=FULL), the embedded store weighed against the log")
     p.add_argument("--source-bytes", type=int, default=0, help="--scale: keep this many source bytes per image")
     p.add_argument("--workdir", help="--scale: where the live folders go (default: a temp folder, removed)")
     p.add_argument("--json", help="also write the result here")
@@ -323,9 +325,58 @@ def run_scale(a) -> dict:
         leg = out["legacy"]
         leg["restart_s_extrapolated_to_adds"] = round(leg["restart_ms_per_image"] * a.scale / 1000, 1)
         leg["restart_cpu_s_extrapolated_to_adds"] = round(leg["restart_cpu_ms_per_image"] * a.scale / 1000, 1)
+    if a.sqlite:
+        out["sqlite"] = _line("sqlite_wal", **_sqlite(base, os.path.join(work, "sqlite"), meta,
+                                                      _synthetic(meta, a.sqlite, seed=5)))
     if not a.workdir:
         shutil.rmtree(work)
     return out
+
+
+def _sqlite(base: str, folder: str, meta, rows) -> dict:
+    """The same adds into SQLite (WAL, synchronous=FULL: each commit fsyncs the WAL), each one a transaction that
+    checks the id first, as a replica's add does; then a restart: every row read back into a replica's store."""
+    import sqlite3
+
+    import pyarrow as pa
+
+    from edje.model.token_store import TokenStore
+    from edje.schemas.token_table import build_table_from_blobs
+
+    os.makedirs(folder)
+    path = os.path.join(folder, "live.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE live (seq INTEGER PRIMARY KEY, image_id TEXT UNIQUE NOT NULL, batch BLOB NOT NULL)")
+    n, lat, start, cpu = len(rows.blob), np.empty(len(rows.blob)), time.perf_counter(), time.process_time()
+    for i in range(n):
+        t = time.perf_counter()
+        image_id = f"sql{i:07d}"
+        table = build_table_from_blobs(meta, [image_id], rows.blob[i:i + 1], rows.scales[i:i + 1],
+                                       rows.embeddings[i:i + 1], urls=[None])
+        db.execute("BEGIN IMMEDIATE")
+        if db.execute("SELECT 1 FROM live WHERE image_id = ?", (image_id,)).fetchone():
+            raise AssertionError(image_id)
+        db.execute("INSERT INTO live (image_id, batch) VALUES (?, ?)",
+                   (image_id, table.to_batches()[0].serialize().to_pybytes()))
+        db.execute("COMMIT")
+        lat[i] = time.perf_counter() - t
+    wall, add_cpu = time.perf_counter() - start, time.process_time() - cpu
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    files = _files(folder)
+    t, cpu = time.perf_counter(), time.process_time()
+    db = sqlite3.connect(path)
+    schema = build_table_from_blobs(meta, ["x"], rows.blob[:1], rows.scales[:1], rows.embeddings[:1], urls=[None]).schema
+    batches = [pa.ipc.read_record_batch(pa.py_buffer(b), schema) for (b,) in db.execute("SELECT batch FROM live ORDER BY seq")]
+    db.close()
+    store = TokenStore.load([base])
+    store.add_table(pa.Table.from_batches(batches))
+    restart, restart_cpu = time.perf_counter() - t, time.process_time() - cpu
+    return dict(adds=n, adds_per_s=round(n / wall, 1), cpu_ms_per_add=round(add_cpu / n * 1000, 3),
+                p50_ms=_pct(lat, 50), p99_ms=_pct(lat, 99), files=files["files"], bytes=files["bytes"],
+                restart_s=round(restart, 3), restart_cpu_s=round(restart_cpu, 3))
 
 
 if __name__ == "__main__":
