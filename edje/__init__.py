@@ -1,10 +1,11 @@
-"""EDJE on Ray's Python API: `from edje import EDJEReranker`.
+"""EDJE on Ray's Python API, installed as `edje` (the folder edje/): `from edje import EDJEReranker`.
 
     reranker = EDJEReranker.from_pretrained("checkpoints/edje-c16-rel")
     reranker.rank("a red circle left of a blue square", ["a.png", "b.png"], top_k=1)
 
-The system's parts install under this one name (`edje.pipeline`, `edje.serving`, `edje.model`, ...); the
-reranker loads on first use, so `import edje.schemas` or `edje --help` does not pay for torch.
+The system's parts install under this one name, each from its own top-level folder (`edje.pipeline` is pipeline/,
+`edje.model` is model/, ...: pyproject.toml's package-dir); the reranker loads on first use, so `import edje.schemas`
+or `edje --help` does not pay for torch.
 """
 from __future__ import annotations
 

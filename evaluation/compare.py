@@ -37,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from edje.sampleworld.registry import world_kind
 from edje.schemas.codecs import bytes_per_image
 
-TWIN_KINDS = ("colour", "shape", "size", "relation")
+TWIN_KINDS = world_kind("shapes").twin_kinds  # the compared designs are measured on shapes worlds
 KS = ("r1", "r5", "r10")
 
 

@@ -18,12 +18,13 @@ from typing import Dict, List, Optional
 from huggingface_hub import EvalResult, ModelCardData
 
 from edje.model.ranking import RankingConfig
+from edje.sampleworld.registry import world_kind
 from edje.schemas.codecs import bytes_per_image
 
 CARD = "README.md"
 LICENSE = "apache-2.0"  # the project's licence (pyproject.toml); the weights are trained by its own jobs
 SAMPLE_WORLD = "edje-sampleworld"  # the embedded, generated dataset every shipped checkpoint was trained on
-KINDS = ("colour", "shape", "size", "relation")
+KINDS = world_kind("shapes").twin_kinds  # shipped checkpoints are trained and measured on the shapes world
 NO_RELATIONS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: this checkpoint has no "
                 "relation parts (role embeddings, the subject-minus-object route, grounding), and its training had no "
                 "signal that needs position.")

@@ -30,6 +30,7 @@ from edje.model.embedding_index import EmbeddingIndex
 from edje.model.ranking import RankingConfig, read_ranking, write_ranking
 from edje.model.recall import KS, i2t_answers, recall, t2i_answers
 from edje.model.scoring import PairScorer
+from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
 from edje.schemas.annotations import Annotations, load_annotations
 from edje.schemas.codecs import TokenCodec
@@ -332,7 +333,7 @@ def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[Scene]]]
     if not all(i in records for i in ann.image_ids):
         return None
     rows = [records[i] for i in ann.image_ids]
-    return np.array([r["family_id"] for r in rows]), [Scene.from_json(r) for r in rows]
+    return np.array([r["family_id"] for r in rows]), [scene_from_json(r) for r in rows]
 
 
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:

@@ -14,28 +14,19 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edje.sampleworld.grounding import bare
-from edje.sampleworld.open_scene import OpenScene, open_difference
+from edje.sampleworld.phrases import bare
+from edje.sampleworld.registry import ALL_TWIN_KINDS, kind_of
 from edje.sampleworld.scene import Scene
 
-# The shapes world's twin kinds, then the open world's (a noun replaced by a neighbour, a count or a facing changed).
-KINDS = ("colour", "shape", "size", "relation", "two swaps", "noun", "count", "facing")
-_ATTRIBUTES = ("colour", "shape", "size")
+# Every bucket a pair can fall in, as the worlds declare their twin kinds ("two swaps" last); reports list them so.
+KINDS = ALL_TWIN_KINDS
 
 
 def scene_difference(a: Scene, b: Scene) -> str:
-    """"colour", "shape" or "size" when objects at the same cells differ in that attribute alone; "relation"
-    when the same objects are placed otherwise; "two swaps" for anything else (the open world's own kinds for its
-    scenes)."""
-    if isinstance(a, OpenScene):
-        return open_difference(a, b)
-    if sorted(o.key()[:3] for o in a.objects) == sorted(o.key()[:3] for o in b.objects):
-        return "relation"
-    at = {o.cell: o for o in b.objects}
-    if set(at) != {o.cell for o in a.objects}:
-        return "two swaps"
-    kinds = {k for o in a.objects for k in _ATTRIBUTES if getattr(o, k) != getattr(at[o.cell], k)}
-    return next(iter(kinds)) if len(kinds) == 1 else "two swaps"
+    """The twin kind in which two scenes of one family differ alone (e.g. "colour" when objects at the same cells
+    differ in colour only, "relation" when the same objects are placed otherwise), else "two swaps"; each world
+    names its own kinds."""
+    return kind_of(a).difference(a, b)
 
 
 def relation_subsets(a: Scene, b: Scene, caption: str) -> Dict[str, str]:

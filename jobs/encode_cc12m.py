@@ -22,6 +22,7 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from edje.schemas.encode_job import INPUT_FORMATS, EncodeJobConfig
 from edje.schemas.shipped import DEFAULT_BACKBONE, SHIPPED_BACKBONE_WEIGHTS
+from edje.schemas.token_table import AUGMENTS
 from edje.schemas.weights import find_weights
 
 
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--quant", default=d.quant, choices=["fp32", "fp16", "int8", "int4"],
                    help="token storage (default %(default)s)")
     m.add_argument("--group-size", type=int, help="int4 only: values per scale (default: one scale per token)")
+    m.add_argument("--augment", choices=sorted(AUGMENTS), help="raw (training) tables only: also encode each image "
+                   "so transformed, as a row of its own (hflip: mirrored left-right, id <image id>#hflip, "
+                   "source_image_id and augment columns), for training's flip square; refused with --adapter")
     r = p.add_argument_group("compute")
     r.add_argument("--batch-size", type=int, default=d.batch_size, help="images per encoder call (default %(default)s)")
     r.add_argument("--concurrency", type=int, default=d.concurrency, help="encoder actors (default %(default)s)")

@@ -34,6 +34,8 @@ class EDJEModel(nn.Module):
         if cfg.adapter.kind == "compressed" and cfg.adapter.num_queries != cfg.encoder.num_image_tokens:
             raise ValueError(f"adapter emits {cfg.adapter.num_queries} tokens but the joint encoder takes "
                              f"{cfg.encoder.num_image_tokens}")
+        if cfg.encoder.pointer and cfg.adapter.kind != "local":
+            raise ValueError("the pointer reads the image tokens as the backbone's cell grid: it needs a local adapter")
         self.adapter = build_adapter(cfg.adapter)
         self.encoder = JointEncoder(cfg.encoder, load_weights=load_language_model)
         if cfg.adapter.output_dim != self.encoder.hidden_size:

@@ -16,14 +16,14 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertPooler
 
 from edje.model import wordpieces
-from edje.model.relation_roles import NUM_ROLES, role_matrix, word_starts
+from edje.model.pointer import Pointer
+from edje.model.relation_roles import MAX_RELATIONS, NUM_ROLES, mention_roles, role_matrix, word_starts
 from edje.schemas.config import JointEncoderConfig
 
 
@@ -37,6 +37,7 @@ class PairBatch:
     image_mask: torch.Tensor  # [B, T] bool, exactly m True per row, in order
     text_mask: torch.Tensor  # [B, T] bool, caption wordpieces (no special tokens)
     roles: Optional[torch.Tensor] = None  # [B, T, NUM_ROLES] relation roles of caption positions (relation_roles)
+    orders: Optional[torch.Tensor] = None  # [B, MAX_RELATIONS, 2] ORDER of each relation (roles by the rule of English)
 
 
 class JointEncoder(nn.Module):
@@ -79,6 +80,8 @@ class JointEncoder(nn.Module):
             self.role_embedding = nn.Linear(NUM_ROLES, hidden, bias=False)
             nn.init.zeros_(self.role_embedding.weight)  # a new input starts at 0: a warm start is unchanged
             self.role_cache = wordpieces.WordpieceCache()
+        if cfg.pointer:
+            self.pointer = Pointer(hidden, cfg.num_image_tokens, cfg.pointer_dim, cfg.pointer_inject_std)
         if cfg.route_layer:
             self.route = nn.Linear(hidden, hidden, bias=False)
             nn.init.zeros_(self.route.weight)
@@ -122,24 +125,30 @@ class JointEncoder(nn.Module):
         tok = self.tokenizer
         fields = wordpieces.pair_rows(rows, num_image_tokens, tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
         if self.config.relation_roles:
-            fields = (*fields, self._role_rows(texts, rows, fields[0].shape[1]))
+            fields = (*fields, *self._role_rows(texts, rows, fields[0].shape[1]))
         return PairBatch(*_gather(fields, inverse, device))
 
-    def _role_rows(self, texts: Sequence[str], rows: List[List[int]], width: int) -> torch.Tensor:
-        """[U, T, NUM_ROLES] roles of each distinct text's caption positions (1..n), from the parse of its words;
-        `rows` are the distinct texts' wordpieces, in first-seen order."""
+    def _role_rows(self, texts: Sequence[str], rows: List[List[int]], width: int) -> tuple:
+        """([U, T, NUM_ROLES] roles of each distinct text's caption positions (1..n),) from the parse of its words,
+        plus [U, MAX_RELATIONS, 2] ORDER of its relations when the roles come from the rule of English; `rows` are the
+        distinct texts' wordpieces, in first-seen order."""
         unique = list(dict.fromkeys(texts))
         tok = self.tokenizer
+        by_rule = self.config.role_vocabulary is None
 
-        vocabulary = frozenset(self.config.role_vocabulary)
-
-        def parse(batch: List[str]) -> List[np.ndarray]:
-            return [role_matrix(t, lambda w: len(tok.tokenize(w)), vocabulary) for t in batch]
+        def parse(batch: List[str]) -> list:
+            if by_rule:
+                return [mention_roles(t, tok) for t in batch]
+            vocabulary = frozenset(self.config.role_vocabulary)
+            return [(role_matrix(t, lambda w: len(tok.tokenize(w)), vocabulary), None) for t in batch]
         out = torch.zeros(len(unique), width, NUM_ROLES)
-        for u, (matrix, pieces) in enumerate(zip(self.role_cache.lookup(unique, parse, id(tok)), rows)):
+        orders = torch.zeros(len(unique), MAX_RELATIONS, 2)
+        for u, ((matrix, order), pieces) in enumerate(zip(self.role_cache.lookup(unique, parse, id(tok)), rows)):
             n = min(len(matrix), len(pieces))  # truncated captions keep the roles of the pieces they keep
             out[u, 1:1 + n] = torch.from_numpy(matrix[:n])
-        return out
+            if order is not None:
+                orders[u] = torch.from_numpy(order)
+        return (out, orders) if by_rule else (out,)
 
     def embed_pairs(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
         """Word embeddings with the image positions replaced by `image_tokens`."""
@@ -184,6 +193,8 @@ class JointEncoder(nn.Module):
     def _encode(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
         """BERT's sequence output [B, T, h] over a laid-out batch."""
         self._pass.roles = batch.roles
+        if self.config.pointer:
+            self._pass.pointer = self._pointer_states(batch, image_tokens)
         try:
             out = self.bert.bert(
                 inputs_embeds=self.embed_pairs(batch, image_tokens),
@@ -192,7 +203,7 @@ class JointEncoder(nn.Module):
                 position_ids=self._position_ids(batch),
             )
         finally:
-            self._pass.roles = None
+            self._pass.roles = self._pass.pointer = None
         return out.last_hidden_state
 
     def _position_ids(self, batch: PairBatch) -> Optional[torch.Tensor]:
@@ -207,12 +218,38 @@ class JointEncoder(nn.Module):
         final_sep = j == batch.text_mask.sum(1, keepdim=True) + 2 + m
         return torch.where(final_sep, torch.full_like(pos, start + m), pos)
 
+    def pointer_positions(self, batch: PairBatch, image_tokens: torch.Tensor):
+        """(x_hat [B, 2 * MAX_RELATIONS, 2], valid [B, 2 * MAX_RELATIONS]) of each relation's subject (first
+        MAX_RELATIONS rows) and object phrase: the pointer over the pass's own input ids, [MASK]ed pieces left out."""
+        phrases = phrase_masks(batch.roles)
+        readable = phrases * (batch.input_ids != self.tokenizer.mask_token_id)[:, None, :].to(phrases.dtype)
+        words = self.bert.get_input_embeddings()(batch.input_ids)
+        return self.pointer(words, readable, image_tokens)
+
+    def pointer_readout(self, texts: Sequence[str], image_tokens: torch.Tensor):
+        """(x_hat, valid) of `pointer_positions` for (texts[i], image_tokens[i]) pairs (no BERT pass), and each
+        caption's relation ORDER [B, MAX_RELATIONS, 2]: what the pointer's order loss reads."""
+        if not self.config.pointer:
+            raise ValueError("this joint encoder has no pointer (pointer=False)")
+        self.check_image_tokens(texts, image_tokens)
+        batch = self._pair_batch(texts, image_tokens.shape[1], image_tokens.device)
+        return (*self.pointer_positions(batch, image_tokens), batch.orders)
+
+    def _pointer_states(self, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T, h]: each phrase piece's share of inject(x_hat) of the phrases it belongs to (0 elsewhere)."""
+        xy, valid = self.pointer_positions(batch, image_tokens)
+        weights = phrase_masks(batch.roles).to(xy.dtype) * valid[..., None].to(xy.dtype)  # [B, P, T]
+        return torch.einsum("bpt,bph->bth", weights, self.pointer.inject(xy)) / weights.sum(1).clamp_min(1)[..., None]
+
     def _add_route(self, module, inputs, output):
-        """Layer hook: each relation word gets route(mean subject state - mean object state) of its relation."""
+        """Layer hook: each relation word gets route(mean subject state - mean object state) of its relation, after
+        the pointer's x_hat (when on) is added to the phrases' states it reads."""
         roles = self._pass.roles
         if roles is None:  # text-only passes carry no roles
             return output
         h = output[0] if isinstance(output, tuple) else output
+        if self._pass.pointer is not None:
+            h = h + self._pass.pointer.to(h.dtype)
         roles = roles.to(h.dtype)
         rel, sub, obj = roles[..., 0::3], roles[..., 1::3], roles[..., 2::3]  # [B, T, relations]
 
@@ -330,6 +367,11 @@ class JointEncoder(nn.Module):
         return self.recovery_head(out.last_hidden_state[:, 0])
 
 
+def phrase_masks(roles: torch.Tensor) -> torch.Tensor:
+    """[B, 2 * MAX_RELATIONS, T] pieces of each relation's subject phrase, then of each one's object phrase."""
+    return torch.cat([roles[..., 1::3], roles[..., 2::3]], dim=-1).transpose(1, 2)
+
+
 def global_image_vector(image_tokens: torch.Tensor) -> torch.Tensor:
     """The one image vector of the global mode: the mean of the adapter's output tokens [B, m, h] -> [B, h].
     The backbone's own pooled embedding is a function of the mean of its tokens (fc_norm + head over the
@@ -439,6 +481,7 @@ class _PassState(threading.local):
     """Per-thread scratch of one forward (the batch's roles, the grounding layer's states); copies start empty."""
 
     roles: Optional[torch.Tensor] = None
+    pointer: Optional[torch.Tensor] = None  # the pointer's addition to the phrases' states at the route layer
     ground_states: Optional[torch.Tensor] = None
     want_ground: bool = False
 

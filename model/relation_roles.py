@@ -1,4 +1,10 @@
-"""Roles of caption words in spatial relations, from a rule-based parse of spatial prepositions: a DIAGNOSTIC.
+"""Roles of caption words in spatial relations: by the rule of English (`mention_roles`), or by a parse with a
+word list (`role_matrix`, a DIAGNOSTIC).
+
+`mention_roles` takes the relations, subjects and objects that model/relation_spans.py finds by the closed class
+of spatial words and the text around them: no list of nouns, colours or shapes of any world.
+
+The diagnostic parse:
 
 A noun phrase is a run of words from a given vocabulary, a relation is a spatial head word ("left", "above", ...),
 its subject is the noun phrase before it and its object the one after it; pronoun forms ("to its left", "above
@@ -15,9 +21,15 @@ from typing import Callable, Collection
 
 import numpy as np
 
+from edje.model.relation_spans import mention_pieces
+
 MAX_RELATIONS = 2
 NUM_ROLES = 3 * MAX_RELATIONS  # (relation, subject, object) for each relation of a caption
 RELATION, SUBJECT, OBJECT = 0, 1, 2
+
+# What each relation says of (subject - object) on the image grid (x to the right, y down): its dot product with
+# this is negative when the relation holds ("S left of O": x_S < x_O).
+ORDER = {"left_of": (1.0, 0.0), "right_of": (-1.0, 0.0), "above": (0.0, 1.0), "below": (0.0, -1.0)}
 
 _HEADS = {"left", "right", "above", "over", "below", "beneath", "under", "top", "bottom"}
 _ALWAYS_PREPOSITION = {"above", "over", "below", "beneath", "under"}
@@ -97,3 +109,17 @@ def role_matrix(caption: str, pieces_of: Callable[[str], int], vocabulary: Colle
         row[list(held)] = 1.0
         rows.extend([row] * pieces_of(word))
     return np.stack(rows) if rows else np.zeros((0, NUM_ROLES), np.float32)
+
+
+def mention_roles(caption: str, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """([wordpieces, NUM_ROLES] multi-hot roles, [MAX_RELATIONS, 2] ORDER of each relation, 0 where there is none) of
+    the caption's first MAX_RELATIONS relation mentions by the rule of English; `tokenizer` is a fast one."""
+    roles = np.zeros((len(tokenizer(caption, add_special_tokens=False)["input_ids"]), NUM_ROLES), np.float32)
+    order = np.zeros((MAX_RELATIONS, 2), np.float32)
+    for k, m in enumerate(mention_pieces(caption, tokenizer)[:MAX_RELATIONS]):
+        for part, role in (("phrase", RELATION), ("subject", SUBJECT), ("object", OBJECT)):
+            if m[part] is not None:  # a layout ("A on the left, B on the right") names no relation words
+                roles[m[part][0]:m[part][1], 3 * k + role] = 1.0
+        if m["subject"] is not None and m["object"] is not None:
+            order[k] = ORDER[m["relation"]]
+    return roles, order

@@ -95,6 +95,9 @@ def same_metadata(paths: List[str]) -> TableMetadata:
     """The raw tables' common metadata (every field equal, as one corpus must be); raises naming the first misfit."""
     first = read_metadata(paths[0])
     first.check(paths[0], kind="raw")
+    if first.augment is not None:
+        raise ValueError(f"{paths[0]} holds augmented ({first.augment}) training rows: serving tables never carry "
+                         f"them; compress tables encoded without --augment")
     for p in paths[1:]:
         read_metadata(p).check(p, **dataclasses.asdict(first))
     return first

@@ -3,7 +3,9 @@
 One backbone pass gives tokens and the pooled image embedding. Raw tables (no adapter) keep
 the backbone tokens and add the backbone's text embedding of each caption; compressed tables
 run the EDJE adapter over the tokens. Tokens are quantized on the device with the table's
-codec, so only the stored bytes leave the actor.
+codec, so only the stored bytes leave the actor. With an augment (raw tables only), each decoded
+image is also encoded so transformed, in the same backbone call; its tokens and embedding travel in
+the row's AUGMENTED_COLUMNS and become a row of their own at the commit (pipeline/write.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from edje.model.backbone import default_feature_layer
 from edje.model.backbone_weights import pin
 from edje.model.device import pick_device
 from edje.model.token_encoder import COMPUTE_DTYPES
+from edje.pipeline.write import AUGMENTED_COLUMNS
 from edje.schemas.config import BackboneConfig, CodecConfig, from_dict
 from edje.schemas.shipped import DEFAULT_BACKBONE
 from edje.schemas.token_table import TableMetadata
@@ -41,8 +44,11 @@ class EncoderSpec:
     # The arithmetic, the same on every device (ARCHITECTURE.md, "Precision"): "fp32" makes a
     # GPU-written table equal a CPU-written one within the codec's bound; "bf16" trades that for speed.
     compute_dtype: str = "fp32"
+    augment: Optional[str] = None  # EncodeJobConfig.augment
 
     def __post_init__(self) -> None:
+        if self.augment is not None and self.adapter:
+            raise ValueError("augmented rows are training rows: an encoder with an adapter (serving tables) has none")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
 
@@ -107,6 +113,7 @@ def describe_model(spec: EncoderSpec) -> ModelInfo:
         group_size=spec.group_size, adapter_hash=adapter_hash, compute_dtype=spec.compute_dtype,
         pretrained_sha256=spec.backbone.weights_sha256 or weights_sha256(spec.backbone.pretrained),
         backbone_revision=spec.backbone.revision, backbone_random_weights=spec.backbone.random_weights,
+        augment=spec.augment,
     )
     meta.codec  # noqa: B018 - raises CodecError now if the quantization does not fit the width
     return ModelInfo(backbone.preprocess.size, backbone.preprocess.resize_mode, meta)
@@ -133,11 +140,15 @@ class EncodeBatch:
         self.encoder = TokenEncoder.create(spec.backbone, adapter, CodecConfig(spec.quant, spec.group_size),
                                            pick_device(None), spec.compute_dtype)
         self.with_text = adapter is None  # raw tables carry captions and their text embeddings
+        self.augment = spec.augment
         self.init_window = (started, time.time())
 
     @torch.no_grad()
     def encode_rows(self, images: np.ndarray, captions: Optional[list]) -> tuple:
-        """(blob [n, bytes] uint8, scales or None, image embeddings, text embeddings or None) of ok rows."""
+        """(blob [n, bytes] uint8, scales or None, image embeddings, text embeddings or None) of ok rows; with an
+        augment, of the n images and then of their n transformed copies."""
+        if self.augment is not None:
+            images = np.concatenate([images, augmented(images, self.augment)])
         rows = self.encoder.encode(images)
         temb = self.encoder.encode_text(captions) if self.with_text else None
         return rows.blob, rows.scales, rows.embeddings, temb
@@ -152,6 +163,7 @@ class EncodeBatch:
         scales = [None] * b
         img_emb = [None] * b
         txt_emb = [None] * b
+        blobs_aug, scales_aug, emb_aug = [None] * b, [None] * b, [None] * b
         if len(ok):
             texts = [str(c) for c in np.asarray(batch["caption"], dtype=object)[ok]] if self.with_text else None
             # All rows ok (the common case): the batch's array as it is, not a copy (113 MB at 256 x 384^2).
@@ -163,6 +175,10 @@ class EncodeBatch:
                 img_emb[i] = emb[j]
                 if temb is not None:
                     txt_emb[i] = temb[j]
+            for j, i in enumerate(ok if self.augment is not None else [], start=len(ok)):  # the copies follow
+                blobs_aug[i] = blob[j].tobytes()
+                scales_aug[i] = scale[j].tobytes() if scale is not None else None
+                emb_aug[i] = emb[j]
         out = {k: pa.array(np.asarray(batch[k]).tolist(), t) for k, t in
                (("shard", pa.int32()), ("row", pa.int32()), ("image_id", pa.string()), ("url", pa.string()),
                 ("caption", pa.string()), ("status", pa.string()), ("detail", pa.string()))}
@@ -170,6 +186,11 @@ class EncodeBatch:
         out["token_scales"] = pa.array(scales, pa.binary())
         out["image_embedding"] = pa.array([None if e is None else e.tolist() for e in img_emb], pa.list_(pa.float32()))
         out["text_embedding"] = pa.array([None if e is None else e.tolist() for e in txt_emb], pa.list_(pa.float32()))
+        if self.augment is not None:
+            out[AUGMENTED_COLUMNS[0]] = pa.array(blobs_aug, pa.binary())
+            out[AUGMENTED_COLUMNS[1]] = pa.array(scales_aug, pa.binary())
+            out[AUGMENTED_COLUMNS[2]] = pa.array([None if e is None else e.tolist() for e in emb_aug],
+                                                 pa.list_(pa.float32()))
         # When the encoder worked on this batch: the job's throughput over the encoder's busy window.
         out["encode_start"] = pa.array(np.full(b, t_start))
         out["encode_end"] = pa.array(np.full(b, time.time()))
@@ -177,6 +198,13 @@ class EncodeBatch:
         out["actor_init_start"] = pa.array(np.full(b, self.init_window[0]))
         out["actor_init_end"] = pa.array(np.full(b, self.init_window[1]))
         return pa.table(out)
+
+
+def augmented(images: np.ndarray, augment: str) -> np.ndarray:
+    """Decoded images [B, H, W, 3] so transformed: "hflip" mirrors each left-right."""
+    if augment != "hflip":
+        raise ValueError(f"unknown augment {augment!r}")
+    return np.ascontiguousarray(images[:, :, ::-1])
 
 
 def _assigned_cpus() -> int:

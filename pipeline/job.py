@@ -60,7 +60,7 @@ def _run(cfg: EncodeJobConfig, output: str, input_spec, world_port: Optional[int
     t0 = time.time()
     backbone = resolve_backbone(cfg.backbone, cfg.pretrained, cfg.feature_layer, cfg.adapter, cfg.random_weights)
     spec = EncoderSpec(backbone, storage.absolute(cfg.adapter) if cfg.adapter else None, cfg.quant,
-                       cfg.group_size, cfg.torch_threads, cfg.compute_dtype)
+                       cfg.group_size, cfg.torch_threads, cfg.compute_dtype, cfg.augment)
     info = describe_model(spec)
     encoder = {"backbone": dataclasses.asdict(backbone), "adapter": spec.adapter}
     manifest, shards = plan_job(cfg, output, input_spec, world_port, dataclasses.asdict(info.meta), encoder)

@@ -7,7 +7,9 @@ reads exactly those parts (parts left behind by failed task attempts are never r
 each input row once, writes the token table under a temporary name and renames it into place,
 then writes `stats/<shard>.json`, which is the shard's commit record: a shard is done iff
 its stats file exists. Columns kept from the input (--keep-columns) are taken at the commit from the
-shard's planned rows, where they keep their Arrow types, rather than carried through the encoder.
+shard's planned rows, where they keep their Arrow types, rather than carried through the encoder. A table
+with an augment (training tables: `--augment hflip`) gets each ok row's transformed copy, carried in the
+part row's AUGMENTED_COLUMNS, as a row of its own (schemas/token_table.py).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import pyarrow.parquet as pq
 from edje.pipeline import storage
 from edje.pipeline.decode import OK
 from edje.schemas.token_table import (
+    AUGMENTS,
     TableMetadata,
     build_table_from_blobs,
     with_columns,
@@ -36,6 +39,8 @@ from edje.schemas.token_table import (
 TIMING_COLUMNS = ("encode_start", "encode_end", "actor_init_start", "actor_init_end")
 PART_COLUMNS = ("shard", "row", "image_id", "url", "caption", "status", "detail", "tokens", "token_scales",
                 "image_embedding", "text_embedding")
+# A row's transformed copy (an augment): its token blob, scales and pooled embedding.
+AUGMENTED_COLUMNS = ("tokens_augmented", "token_scales_augmented", "image_embedding_augmented")
 
 
 class IncompleteShardError(RuntimeError):
@@ -81,7 +86,7 @@ def write_parts(batch: pa.Table, output: str) -> pa.Table:
     shards, parts, counts = [], [], []
     times = {c: (pc.min if c.endswith("_start") else pc.max)(batch.column(c)).as_py()
              for c in TIMING_COLUMNS if c in batch.column_names}
-    batch = batch.select(list(PART_COLUMNS))
+    batch = batch.select(list(PART_COLUMNS) + [c for c in AUGMENTED_COLUMNS if c in batch.column_names])
     for sid in pc.unique(batch.column("shard")).to_pylist():
         rows = batch.filter(pc.equal(batch.column("shard"), sid))
         part = storage.join(parts_dir(output, sid), f"{uuid.uuid4().hex}.parquet")
@@ -134,23 +139,33 @@ def commit_shard(output: str, shard_id: int, parts: List[str], expected_rows: in
             examples[s].append(f"{u}: {d}"[:200])
     n = ok.num_rows
     codec = meta.codec
-    blob = _blob_matrix(ok.column("tokens"), codec.blob_bytes, n)
-    scales = _blob_matrix(ok.column("token_scales"), 2 * codec.num_scales, n).view("<f2") if codec.num_scales else None
+    # The images, then (with an augment) their transformed copies, each a row of its own.
+    copies = [("tokens", "token_scales", "image_embedding")] + ([AUGMENTED_COLUMNS] if meta.augment else [])
+    ids, sources = ok.column("image_id").to_pylist(), None
+    if meta.augment is not None:
+        ids, sources = ids + [i + AUGMENTS[meta.augment] for i in ids], [None] * n + ids
+    blob = np.concatenate([_blob_matrix(ok.column(c[0]), codec.blob_bytes, n) for c in copies])
+    scales = np.concatenate([_blob_matrix(ok.column(c[1]), 2 * codec.num_scales, n).view("<f2")
+                             for c in copies]) if codec.num_scales else None
+    embeddings = np.concatenate([_vectors(ok.column(c[2]), meta.embed_dim, n) for c in copies])
+    times = len(copies)  # a copy keeps its source row's caption, text embedding, url and kept columns
     with_text = meta.kind == "raw"
     table = build_table_from_blobs(
-        meta, ok.column("image_id").to_pylist(), blob, scales, _vectors(ok.column("image_embedding"), meta.embed_dim, n),
-        captions=ok.column("caption").to_pylist() if with_text else None,
-        text_embeddings=_vectors(ok.column("text_embedding"), meta.embed_dim, n) if with_text else None,
-        urls=ok.column("url").to_pylist(),
+        meta, ids, blob, scales, embeddings,
+        captions=ok.column("caption").to_pylist() * times if with_text else None,
+        text_embeddings=np.tile(_vectors(ok.column("text_embedding"), meta.embed_dim, n), (times, 1))
+        if with_text else None,
+        urls=ok.column("url").to_pylist() * times, sources=sources,
     )
     if carry is not None and carry.columns:
-        table = with_columns(table, carry.read(ok.column("row").to_numpy()))
+        table = with_columns(table, carry.read(np.tile(ok.column("row").to_numpy(), times)))
     if lineage is not None:
         table = with_lineage(table, lineage)
     target = table_path(output, shard_id)
     table_bytes = storage.atomic_write(target, lambda tmp: write_token_table(table, tmp))
     stats = {
-        "shard": shard_id, "rows_in": expected_rows, "images_ok": n, "failed": dict(sorted(failed.items())),
+        "shard": shard_id, "rows_in": expected_rows, "images_ok": n, "augmented_rows": table.num_rows - n,
+        "failed": dict(sorted(failed.items())),
         "failed_examples": examples, "table": target, "table_bytes": int(table_bytes),
         "token_bytes_per_image": codec.bytes_per_image, "commit_seconds": round(time.time() - start, 3),
         "committed_at": time.time(), **(extra or {}),

@@ -1,1 +1,2 @@
-"""Research baselines and labs: measured beside the product, never imported by it (tests/test_import_graph.py)."""
+"""Research baselines and labs, installed as `edje.research`: measured beside the product, never imported by it
+(the import contracts in pyproject.toml)."""

@@ -1,4 +1,4 @@
-"""Paraphrased captions for a scene, from templates and synonyms.
+"""Paraphrased captions of a shapes-world scene, from templates and synonyms.
 
 Every caption names every object with all three attributes, bound together as
 "<size> <colour> <shape>" or "<colour> <shape> (<size>)", and states every relation, so a
@@ -11,11 +11,12 @@ in a different binding.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
-from .scene import INVERSE, Scene, SceneObject
+from .phrases import PRONOUN_RELATION, RELATION_WORDS, SHORT_RELATION, SIDE
+from .pickers import Picker
+from .relations import INVERSE
+from .scene import Scene, SceneObject
 
 SIZE_WORDS: dict[str, tuple[str, ...]] = {"small": ("small", "little"), "large": ("large", "big")}
 COLOUR_WORDS: dict[str, tuple[str, ...]] = {
@@ -36,40 +37,10 @@ SHAPE_WORDS: dict[str, tuple[str, ...]] = {
     "cross": ("cross", "plus sign"),
     "diamond": ("diamond", "rhombus"),
 }
-# "<subject> REL <object>"
-RELATION_WORDS: dict[str, tuple[str, ...]] = {
-    "left_of": ("to the left of", "left of", "on the left of"),
-    "right_of": ("to the right of", "right of", "on the right of"),
-    "above": ("above", "over"),
-    "below": ("below", "beneath", "under"),
-}
-SHORT_RELATION: dict[str, str] = {"left_of": "left of", "right_of": "right of", "above": "above", "below": "below"}
-# "... and, PRON, <thing>": the thing is REL of "it"
-PRONOUN_RELATION: dict[str, str] = {
-    "left_of": "to its left",
-    "right_of": "to its right",
-    "above": "above it",
-    "below": "below it",
-}
-# "between <a> SIDE and <c> SIDE"
-SIDE: dict[str, str] = {"left_of": "on the left", "right_of": "on the right", "above": "at the top", "below": "at the bottom"}
 VERBS: tuple[str, ...] = ("is", "sits", "lies", "appears")
 OPENERS: tuple[str, ...] = ("an image of", "a picture of", "a drawing of")
 
 N_UNIFORMS = 32  # 16 for the lexicon, the rest for template slots
-
-
-class _Picker:
-    """Deterministic choices from a fixed vector of uniforms, one per call."""
-
-    def __init__(self, u: np.ndarray) -> None:
-        self.u = u
-        self.i = 0
-
-    def pick(self, options: Sequence[str]) -> str:
-        x = options[int(self.u[self.i] * len(options))]
-        self.i += 1
-        return x
 
 
 def article(phrase: str) -> str:
@@ -77,7 +48,7 @@ def article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
-def _lexicon(p: _Picker) -> dict[str, str]:
+def _lexicon(p: Picker) -> dict[str, str]:
     """One synonym per attribute value for this caption, picked in a fixed vocabulary order.
 
     Keying synonyms by value (not by object) keeps the bag of words of a caption identical
@@ -113,7 +84,7 @@ class _Words:
         return f"{self.colour} {self.shape} ({self.size})"
 
 
-def _two(w: list[_Words], rel: str, t: int, p: _Picker) -> str:
+def _two(w: list[_Words], rel: str, t: int, p: Picker) -> str:
     x, y = w
     inv = INVERSE[rel]
     if t == 0:
@@ -135,7 +106,7 @@ def _two(w: list[_Words], rel: str, t: int, p: _Picker) -> str:
     raise IndexError(t)
 
 
-def _three(w: list[_Words], r1: str, r2: str, row: bool, t: int, p: _Picker) -> str:
+def _three(w: list[_Words], r1: str, r2: str, row: bool, t: int, p: Picker) -> str:
     # Object 1 is the anchor: "0 r1 1" and "2 r2 1".
     a, b, c = w
     if t == 0:
@@ -158,7 +129,7 @@ def _three(w: list[_Words], r1: str, r2: str, row: bool, t: int, p: _Picker) -> 
     raise IndexError(t)
 
 
-def _one(w: _Words, t: int, p: _Picker) -> str:
+def _one(w: _Words, t: int, p: Picker) -> str:
     if t == 0:
         return w.a
     if t == 1:
@@ -181,7 +152,7 @@ def make_captions(scene: Scene, n: int, seed: int) -> list[str]:
     rels = [r.predicate for r in scene.relations]
     out = []
     for i in range(n):
-        p = _Picker(rng.random(N_UNIFORMS))
+        p = Picker(rng.random(N_UNIFORMS))
         lex = _lexicon(p)
         words = [_Words(o, lex) for o in scene.objects]
         t = int(order[i % len(order)])

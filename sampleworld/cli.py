@@ -9,7 +9,9 @@ import time
 from typing import Sequence
 
 from .open_world import OPEN_DEFAULTS
-from .world import KINDS, SPLITS, WorldConfig, generate, write_url_list
+from .records import DEFAULT_KIND, SPLITS, WorldConfig
+from .registry import KINDS, world_config
+from .world import generate, write_url_list
 
 _DEFAULTS = WorldConfig()
 
@@ -21,7 +23,7 @@ def _build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="write images, flickr30k_*.json annotations and world.json")
     g.add_argument("--seed", type=int, default=_DEFAULTS.seed, help="random seed; same seed gives the same bytes (default %(default)s)")
     g.add_argument("--out", required=True, help="output directory (created if missing)")
-    g.add_argument("--world", choices=KINDS, default="shapes",
+    g.add_argument("--world", choices=KINDS, default=DEFAULT_KIND,
                    help="shapes: 6 shapes x 8 colours x 2 sizes; open: emoji glyphs of hundreds of real nouns with size, "
                    "count and facing (default %(default)s)")
     g.add_argument("--n-train", type=int, default=_DEFAULTS.n_train, help="train images, rounded to whole families (default %(default)s)")
@@ -69,11 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "generate":
         # Unset options take the kind's default; a shapes world's are WorldConfig's, so its bytes never change.
-        kind_defaults = OPEN_DEFAULTS if args.world == "open" else {
-            k: getattr(_DEFAULTS, k) for k in ("min_objects", "max_objects", "same_side_rate")}
-        unset = {k: v for k, v in kind_defaults.items() if getattr(args, k) is None}
-        for k, v in unset.items():
-            setattr(args, k, v)
+        kind_defaults = world_config(args.world)
+        for k in ("min_objects", "max_objects", "same_side_rate"):
+            if getattr(args, k) is None:
+                setattr(args, k, getattr(kind_defaults, k))
         config = WorldConfig(
             seed=args.seed,
             n_train=args.n_train,

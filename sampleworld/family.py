@@ -1,4 +1,4 @@
-"""Families of hard distractors: a base scene plus twins that differ only in binding.
+"""Families of the shapes world: a base scene plus twins that differ only in binding.
 
 Each twin applies one swap (colour, shape, size between two objects, or a mirror that flips
 a relation) to the base, so its captions reuse the base's words in a different binding.
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scene import SWAP_KINDS, Scene, Swap, apply_swap, possible_swaps, sample_background, sample_scene
+from .pickers import choose
+from .scene import TWIN_KINDS, Scene, Swap, apply_swap, possible_swaps, sample_background, sample_scene
+from .twins import role
 
 _MAX_TRIES = 50
 
@@ -26,21 +28,17 @@ class Member:
     @property
     def role(self) -> str:
         """``base`` or e.g. ``colour_swap`` / ``size_swap+relation_swap``."""
-        return "+".join(f"{s.kind}_swap" for s in self.swaps) or "base"
-
-
-def _pick(rng: np.random.Generator, options: list[Swap]) -> Swap:
-    return options[int(rng.integers(len(options)))]
+        return role(self.swaps)
 
 
 def _twin(rng: np.random.Generator, base: Scene, kinds: list[str], index: int) -> Member:
     """Twin number ``index``: one swap per kind in turn; compose two once kinds run out."""
     first = kinds[index % len(kinds)]
-    swaps = [_pick(rng, possible_swaps(base, first))]
+    swaps = [choose(rng, possible_swaps(base, first))]
     if index >= len(kinds):
         second = [k for k in kinds if k != first]
         k2 = second[int(rng.integers(len(second)))]
-        swaps.append(_pick(rng, possible_swaps(apply_swap(base, swaps[0]), k2)))
+        swaps.append(choose(rng, possible_swaps(apply_swap(base, swaps[0]), k2)))
     scene = base
     for s in swaps:
         scene = apply_swap(scene, s)
@@ -82,7 +80,7 @@ def sample_family(
         seen = {base.signature()}
         if base.signature() in taken:
             continue
-        kinds = [k for k in SWAP_KINDS if possible_swaps(base, k)]
+        kinds = [k for k in TWIN_KINDS if possible_swaps(base, k)]
         kinds = [kinds[i] for i in rng.permutation(len(kinds))]
         if not kinds and family_size > 1:
             continue  # a one-object base has no twins

@@ -1,4 +1,4 @@
-"""Which object each noun phrase of a caption names, and where it is: the sample world's boxes.
+"""Which object each noun phrase of a shapes-world caption names, and where it is: the sample world's boxes.
 
 A noun phrase is a run of attribute and shape words ("a large red circle", "red circle (large)"). Every
 caption names each object with all three attributes, so a phrase names the one object whose size, colour
@@ -9,20 +9,14 @@ y down, fractions of the image side).
 """
 from __future__ import annotations
 
-import re
-
 from .captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
+from .phrases import bare
 from .scene import Scene
 
 # word -> canonical value; "plus sign" is one shape whose two words both count
 _VALUE_OF = {part: value for table in (SIZE_WORDS, COLOUR_WORDS, SHAPE_WORDS)
              for value, words in table.items() for w in words for part in w.split()}
 NOUN_WORDS = frozenset(_VALUE_OF)
-
-
-def bare(word: str) -> str:
-    """A caption word lower-cased, without punctuation ("(large)," -> "large")."""
-    return re.sub(r"[^a-z]", "", word.lower())
 
 
 def noun_phrases(words: list[str]) -> list[tuple[int, int]]:
@@ -39,10 +33,6 @@ def noun_phrases(words: list[str]) -> list[tuple[int, int]]:
 
 def caption_grounding(caption: str, scene: Scene) -> list[list[float]]:
     """[[word index, centre x, centre y], ...] for every word of each noun phrase that names exactly one object."""
-    if getattr(scene, "kind", "shapes") == "open":  # an OpenScene: names from the glyph table
-        from .open_grounding import open_caption_grounding
-
-        return open_caption_grounding(caption, scene)  # type: ignore[arg-type]
     words = caption.split()
     out: list[list[float]] = []
     for start, end in noun_phrases(words):

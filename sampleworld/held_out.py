@@ -1,4 +1,5 @@
-"""Held-out attribute combinations: a world whose training never shows them, and a test world made only of them.
+"""Held-out attribute combinations of the shapes world: a world whose training never shows them, and a test world
+made only of them.
 
 A combination pairs two attribute values of one object, e.g. "red+circle" (colour and shape) or
 "large+square" (size and shape). `exclude` worlds contain no object with any withheld combination;
@@ -10,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .held_out_specs import check_mode, parse_combos
 from .scene import COLOURS, SHAPES, SIZES, Scene
 
-MODES = ("exclude", "only")
 _VALUES = {**{c: "colour" for c in COLOURS}, **{s: "shape" for s in SHAPES}, **{z: "size" for z in SIZES}}
 
 
@@ -24,8 +25,7 @@ class HeldOut:
     mode: str = "exclude"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"held-out mode must be one of {MODES}, got {self.mode!r}")
+        check_mode(self.mode)
         for a, b in self.combos:
             for v in (a, b):
                 if v not in _VALUES:
@@ -36,13 +36,7 @@ class HeldOut:
     @classmethod
     def parse(cls, specs: Iterable[str], mode: str = "exclude") -> "HeldOut":
         """From strings such as "red+circle" and "large+square"."""
-        combos = []
-        for spec in specs:
-            parts = spec.split("+")
-            if len(parts) != 2:
-                raise ValueError(f"a held-out combination is VALUE+VALUE, e.g. red+circle; got {spec!r}")
-            combos.append((parts[0].strip(), parts[1].strip()))
-        return cls(tuple(combos), mode)
+        return cls(parse_combos(specs, "red+circle"), mode)
 
     def in_scene(self, scene: Scene) -> bool:
         """Whether any object of the scene carries a withheld combination."""

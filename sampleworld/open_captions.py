@@ -10,14 +10,15 @@ with "h" are held out: only test splits use them, so part of the test phrasing i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from .captions import RELATION_WORDS, SHORT_RELATION, SIDE  # the relation phrases are the two worlds' common English
 from .open_glyphs import GlyphTable
 from .open_scene import COUNT_WORDS, OpenScene, Thing
-from .scene import INVERSE
+from .phrases import RELATION_WORDS, SHORT_RELATION, SIDE
+from .pickers import Picker
+from .relations import INVERSE
 
 SIZE_WORDS: dict[str, tuple[str, ...]] = {"small": ("small", "little"), "large": ("large", "big")}
 FACING_WORDS: dict[str, str] = {"left": "left-facing", "right": "right-facing"}
@@ -42,22 +43,6 @@ class Caption:
     def held_out(self) -> bool:
         """Whether its template is a test-only one."""
         return self.template.split("/")[1].startswith("h")
-
-
-class _Picker:
-    """Deterministic choices from a fixed vector of uniforms, one per call."""
-
-    def __init__(self, u: np.ndarray) -> None:
-        self.u = u
-        self.i = 0
-
-    def uniform(self) -> float:
-        x = float(self.u[self.i])
-        self.i += 1
-        return x
-
-    def pick(self, options: Sequence):
-        return options[int(self.uniform() * len(options))]
 
 
 class _W:
@@ -105,7 +90,7 @@ class _W:
     def it(self) -> str:
         return "them" if self.plural else "it"
 
-    def verb(self, p: _Picker) -> str:
+    def verb(self, p: Picker) -> str:
         return p.pick(VERBS)[int(self.plural)]
 
 
@@ -116,7 +101,7 @@ def _pron(rel: str, w: _W) -> str:
             "below": f"below {w.it}"}[rel]
 
 
-def _one(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
+def _one(w: list[_W], rels: list[str], row: bool, t: str, p: Picker) -> str:
     (x,) = w
     return {
         "t0": lambda: x.a,
@@ -128,7 +113,7 @@ def _one(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
     }[t]()
 
 
-def _two(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
+def _two(w: list[_W], rels: list[str], row: bool, t: str, p: Picker) -> str:
     x, y = w
     rel = rels[0]
     inv = INVERSE[rel]
@@ -150,7 +135,7 @@ def _two(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
     }[t]()
 
 
-def _three(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
+def _three(w: list[_W], rels: list[str], row: bool, t: str, p: Picker) -> str:
     # Thing 1 is the anchor: "0 r1 1" and "2 r2 1".
     x, y, z = w
     r1, r2 = rels
@@ -178,7 +163,7 @@ def _three(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
     }[t]()
 
 
-def _four(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
+def _four(w: list[_W], rels: list[str], row: bool, t: str, p: Picker) -> str:
     # Corners: 0 top left, 1 top right, 2 bottom left, 3 bottom right.
     a, b, c, d = w
     return {
@@ -192,7 +177,7 @@ def _four(w: list[_W], rels: list[str], row: bool, t: str, p: _Picker) -> str:
     }[t]()
 
 
-_BUILDERS: dict[int, Callable[[list[_W], list[str], bool, str, _Picker], str]] = {1: _one, 2: _two, 3: _three, 4: _four}
+_BUILDERS: dict[int, Callable[[list[_W], list[str], bool, str, Picker], str]] = {1: _one, 2: _two, 3: _three, 4: _four}
 TEMPLATES: dict[int, tuple[str, ...]] = {
     1: ("t0", "t1", "t2", "t3", "h0", "h1"),
     2: ("t0", "t1", "t2", "t3", "t4", "t5", "h0", "h1", "h2"),
@@ -222,7 +207,7 @@ def make_open_captions(scene: OpenScene, n: int, seed: int, table: GlyphTable, w
     rels = [r.predicate for r in scene.relations]
     out = []
     for i in range(n):
-        p = _Picker(rng.random(N_UNIFORMS))
+        p = Picker(rng.random(N_UNIFORMS))
         size_words = {v: p.pick(ws) for v, ws in SIZE_WORDS.items()}  # keyed by value, as in captions.py
         u_names = p.uniform()
         words = [_W(o.thing, size_words[o.size], _names(table, o.noun, u_names)) for o in scene.objects]

@@ -29,6 +29,8 @@ from .open_scene import (
     place,
     possible_swaps,
 )
+from .pickers import choose
+from .twins import role
 
 _MAX_TRIES = 200
 # Count weights by number of things: crowded scenes get fewer groups (they would not fit).
@@ -46,7 +48,7 @@ class OpenMember:
     @property
     def role(self) -> str:
         """``base`` or e.g. ``noun_swap`` / ``size_swap+relation_swap`` (the shapes world's naming)."""
-        return "+".join(f"{s.kind}_swap" for s in self.swaps) or "base"
+        return role(self.swaps)
 
 
 def sample_backdrop(rng: np.random.Generator) -> Backdrop:
@@ -95,21 +97,17 @@ def sample_things(rng: np.random.Generator, table: GlyphTable, n: int, held: Ope
     raise ValueError(f"no scene of {n} things fits held-out {held.combos if held else ()} in {_MAX_TRIES} draws")
 
 
-def _pick(rng: np.random.Generator, options: list[OpenSwap]) -> OpenSwap:
-    return options[int(rng.integers(len(options)))]
-
-
 def _twin(rng: np.random.Generator, base: tuple[Thing, ...], kinds: list[str], index: int,
           table: GlyphTable) -> tuple[tuple[Thing, ...], tuple[OpenSwap, ...]]:
     """Twin number ``index``: one change per kind in turn; two composed once kinds run out."""
     first = kinds[index % len(kinds)]
-    swaps = [_pick(rng, _options(base, first, table))]
+    swaps = [choose(rng, _options(base, first, table))]
     things = apply_swap(base, swaps[0])
     if index >= len(kinds):
         second = [k for k in kinds if k != first and _options(things, k, table)]
         if second:
             k2 = second[int(rng.integers(len(second)))]
-            swaps.append(_pick(rng, _options(things, k2, table)))
+            swaps.append(choose(rng, _options(things, k2, table)))
             things = apply_swap(things, swaps[1])
     return things, tuple(swaps)
 

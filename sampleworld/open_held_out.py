@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .held_out import MODES
+from .held_out_specs import check_mode, parse_combos
 from .open_glyphs import GlyphTable
 from .open_scene import COUNT_WORDS, FACINGS, SIZES, OpenScene, Thing
 
@@ -40,8 +40,7 @@ class OpenHeldOut:
     mode: str = "exclude"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"held-out mode must be one of {MODES}, got {self.mode!r}")
+        check_mode(self.mode)
         for a, b in self.combos:
             if _attribute(a, self.table) == _attribute(b, self.table):
                 raise ValueError(f"{a}+{b}: a combination pairs two different attributes (noun or category, size, count, facing)")
@@ -49,13 +48,7 @@ class OpenHeldOut:
     @classmethod
     def parse(cls, specs: Iterable[str], table: GlyphTable, mode: str = "exclude") -> "OpenHeldOut":
         """From strings such as "dog+large" and "animal+two"."""
-        combos = []
-        for spec in specs:
-            parts = spec.split("+")
-            if len(parts) != 2:
-                raise ValueError(f"a held-out combination is VALUE+VALUE, e.g. dog+large; got {spec!r}")
-            combos.append((parts[0].strip(), parts[1].strip()))
-        return cls(tuple(combos), table, mode)
+        return cls(parse_combos(specs, "dog+large"), table, mode)
 
     def values(self, thing: Thing) -> set[str]:
         """A thing's values, its category included."""

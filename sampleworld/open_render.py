@@ -14,7 +14,7 @@ from PIL import Image
 from .open_glyphs import GlyphTable, load_glyphs
 from .open_scene import GROUP_OFFSETS, Backdrop, OpenScene
 from .open_sprites import sprite
-from .render import NOISE_AMPLITUDE
+from .pixels import pixel_noise
 
 # Unit gradient directions (x right, y down), eight around the compass.
 _D = 0.7071067811865476
@@ -22,7 +22,6 @@ DIRECTIONS: tuple[tuple[float, float], ...] = ((1.0, 0.0), (_D, _D), (0.0, 1.0),
                                               (0.0, -1.0), (_D, -_D))
 NOISE_GRID = 5  # smooth colour noise: a 5x5 lattice of offsets, bilinearly interpolated
 NOISE_SCALE = 18.0
-_NOISE_LUT = (np.arange(256, dtype=np.int16) % (2 * NOISE_AMPLITUDE + 1)) - NOISE_AMPLITUDE
 
 
 def _lerp_weights(size: int, cells: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,6 +87,4 @@ def render_open(scene: OpenScene, size: int, seed: int, table: GlyphTable | None
             cx, cy = (o.center[0] + dx * r) * size, (o.center[1] + dy * r) * size
             rgb, alpha = scaled_sprite(g.index, px, mirrored)
             _paste(img, rgb, alpha, int(np.floor(cx - px / 2 + 0.5)), int(np.floor(cy - px / 2 + 0.5)))
-    rng = np.random.default_rng(seed)
-    noise = _NOISE_LUT[np.frombuffer(rng.bytes(img.size), dtype=np.uint8)].reshape(img.shape)
-    return np.clip(np.floor(img + 0.5) + noise, 0, 255).astype(np.uint8)
+    return np.clip(np.floor(img + 0.5) + pixel_noise(seed, img.shape), 0, 255).astype(np.uint8)

@@ -3,7 +3,7 @@
 A scene holds one to four things. Each has a noun (a glyph of the table), a size, a count (1-3 copies drawn
 as a cluster) and, for glyphs that face a way, a facing. Things sit on the shapes world's logical 3x3 grid
 (one in the middle; two on one axis; three in a row or around an anchor; four in the corners), so relations
-are exact and derived from cells only (`edje.sampleworld.scene.relation_between`); the continuous centres
+are exact and derived from cells only (`edje.sampleworld.relations.relation_between`); the continuous centres
 add jitter. A family shares its slots (cells, centres, scales) and backdrop; twins change what stands in them.
 
 For code written against the shapes world's ``Scene`` (evaluation's twin bucketing, training's world
@@ -17,7 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .scene import INVERSE, RELATIONS, Relation, relation_between
+from .relations import INVERSE, Relation, relation_between
+from .relations import layout_cells as related_cells
+from .twins import difference
 
 KIND = "open"
 # Half-extent of one copy as a fraction of the image side (the shapes world's 0.075 / 0.14, so size reads
@@ -38,7 +40,6 @@ GROUP_OFFSETS: dict[int, tuple[tuple[float, float], ...]] = {
 
 # Corner cells of four things: 0 top left, 1 top right, 2 bottom left, 3 bottom right.
 _GRID4 = ((0, 0), (2, 0), (0, 2), (2, 2))
-_OFFSET: dict[str, tuple[int, int]] = {"left_of": (-1, 0), "right_of": (1, 0), "above": (0, -1), "below": (0, 1)}
 
 
 def _r4(x: float) -> float:
@@ -187,11 +188,6 @@ class OpenScene:
         return OpenScene(tuple(OpenObject.from_json(o) for o in d["objects"]), Backdrop.from_json(d["backdrop"]))
 
 
-def is_open_json(d: dict[str, Any]) -> bool:
-    """Whether a world.json image record (or scene dict) belongs to an open world."""
-    return d.get("scene_kind") == KIND
-
-
 # --- layout -------------------------------------------------------------------------------
 
 _MARGIN = 0.01
@@ -202,19 +198,11 @@ _SIDE_GAP = 0.01  # same-side pairs: both centres at least this far short of the
 
 def layout_cells(rng: np.random.Generator, n: int) -> list[tuple[int, int]]:
     """Logical cells: one in the middle; two on a random axis; three in a row or around an anchor; four in the corners."""
-    if n == 1:
-        return [(1, 1)]
-    if n == 2:
-        dc, dr = _OFFSET[RELATIONS[int(rng.integers(4))]]
-        return [(1 + dc, 1 + dr), (1 - dc, 1 - dr)]
-    if n == 3:
-        r1 = RELATIONS[int(rng.integers(4))]
-        r2 = [r for r in RELATIONS if r != r1][int(rng.integers(3))]
-        (c1, d1), (c2, d2) = _OFFSET[r1], _OFFSET[r2]
-        return [(1 + c1, 1 + d1), (1, 1), (1 + c2, 1 + d2)]
     if n == 4:
         return list(_GRID4)
-    raise ValueError("open scenes hold one to four things")
+    if n not in (1, 2, 3):
+        raise ValueError("open scenes hold one to four things")
+    return related_cells(rng, n)
 
 
 def _axis_positions(rng: np.random.Generator, coords: list[int], half: dict[int, float], lo: float,
@@ -335,10 +323,4 @@ def apply_swap(things: Sequence[Thing], swap: OpenSwap) -> tuple[Thing, ...]:
 def open_difference(a: OpenScene, b: OpenScene) -> str:
     """What differs between two scenes of one family: "size", "facing", "count", "noun" when things in the same
     cells differ in that attribute alone, "relation" when the same things stand elsewhere, else "two swaps"."""
-    if sorted(o.thing.values() for o in a.objects) == sorted(o.thing.values() for o in b.objects):
-        return "relation"
-    at = {o.cell: o for o in b.objects}
-    if set(at) != {o.cell for o in a.objects}:
-        return "two swaps"
-    kinds = {k for o in a.objects for k in ("noun", "size", "count", "facing") if getattr(o, k) != getattr(at[o.cell], k)}
-    return next(iter(kinds)) if len(kinds) == 1 else "two swaps"
+    return difference(a.objects, b.objects, ("noun", "size", "count", "facing"))

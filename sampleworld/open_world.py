@@ -1,4 +1,5 @@
-"""The open world's records and vocabulary, for `world.generate` (``WorldConfig(kind="open")``, ``generate --world open``)."""
+"""The open world as a registered kind: its records, vocabulary and the WorldKind that sampleworld/registry.py holds
+(``WorldConfig(kind="open")``, ``generate --world open``)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,34 +10,32 @@ import numpy as np
 from .open_captions import make_open_captions, template_ids
 from .open_family import sample_open_family
 from .open_glyphs import load_glyphs
+from .open_grounding import open_caption_grounding
 from .open_held_out import OpenHeldOut
-from .open_scene import COUNT_WORDS, FACINGS, SIZES, TWIN_KINDS
+from .open_render import render_open
+from .open_scene import COUNT_WORDS, FACINGS, KIND, SIZES, TWIN_KINDS, OpenScene, OpenSwap, open_difference
 from .open_sprites import CELL
-from .scene import RELATIONS
+from .records import SPLITS, ImageRecord, WorldConfig, image_id
+from .relations import RELATIONS
+from .world_kind import WorldKind
 
 # What an open world draws when the command line leaves these unset: one to four things per scene and a
 # quarter of two-thing families on one side of the image centre (the relation's same-side subset).
 OPEN_DEFAULTS: dict[str, Any] = {"min_objects": 1, "max_objects": 4, "same_side_rate": 0.25}
 
 
-def open_world_config(**overrides: Any):
+def open_world_config(**overrides: Any) -> WorldConfig:
     """A WorldConfig of kind "open" with OPEN_DEFAULTS, then ``overrides``."""
-    from .world import WorldConfig
-
-    return replace(WorldConfig(kind="open", **OPEN_DEFAULTS), **overrides)
+    return replace(WorldConfig(kind=KIND, **OPEN_DEFAULTS), **overrides)
 
 
-def sample_open_records(config) -> list:
+def sample_open_records(config: WorldConfig) -> list[ImageRecord]:
     """All image records of an open world (scenes, captions with their templates, seeds), without touching the disk."""
-    from .world import SPLITS, ImageRecord, image_id
-
-    if config.image_size < 16:
-        raise ValueError("image_size must be >= 16")
     table = load_glyphs()
     rng = np.random.default_rng(config.seed)
     held = OpenHeldOut.parse(config.held_out, table, config.held_out_mode) if config.held_out else None
     taken: set[tuple] = set()
-    records: list = []
+    records: list[ImageRecord] = []
     family_id = 0
     for split in SPLITS:
         for _ in range(config.families(split)):
@@ -58,7 +57,7 @@ def open_vocabulary() -> dict[str, Any]:
     """world.json's vocabulary of an open world: the glyph table's nouns, attribute values, relations, templates."""
     table = load_glyphs()
     return {
-        "kind": "open",
+        "kind": KIND,
         "glyphs": [{"noun": g.noun, "codepoint": g.codepoint, "category": g.category, "group": g.group,
                     "facing": g.facing, "synonyms": [s for s, _ in g.synonyms]} for g in table.glyphs],
         "categories": list(table.categories),
@@ -70,3 +69,17 @@ def open_vocabulary() -> dict[str, Any]:
         "templates": {"train": template_ids(held_out=False), "held_out": template_ids(held_out=True)},
         "sprite_cell": CELL,
     }
+
+
+OPEN_WORLD = WorldKind(
+    name=KIND,
+    twin_kinds=TWIN_KINDS,
+    records=sample_open_records,
+    render=render_open,
+    vocabulary=open_vocabulary,
+    scene_from_json=OpenScene.from_json,
+    swap_from_json=OpenSwap.from_json,
+    difference=open_difference,
+    grounding=open_caption_grounding,
+    defaults=OPEN_DEFAULTS,
+)

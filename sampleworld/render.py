@@ -1,25 +1,22 @@
-"""Rasterise a scene to RGB pixels and encode it as JPEG.
+"""Rasterise a shapes-world scene to RGB pixels.
 
 Shapes are rasterised with numpy as exact half-plane / distance tests on a 4x supersampled
 grid (anti-aliased by counting covered sub-pixels), using only exactly rounded float ops and
 integer noise, so the pixel array is identical on every machine; Pillow is used only to
-encode. JPEG bytes are then identical for a given Pillow/libjpeg build.
+encode (sampleworld/pixels.py). JPEG bytes are then identical for a given Pillow/libjpeg build.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import math
 
 import numpy as np
-from PIL import Image
 
+from .pixels import pixel_noise
 from .scene import COLOURS, Scene, SceneObject
 
 SUPERSAMPLE = 4
-JPEG_QUALITY = 90
-NOISE_AMPLITUDE = 3  # integer noise in [-3, 3] per channel: "lightly noisy"
 
 # Shape geometry in unit coordinates (half-extent 1, y down). Literals rather than computed
 # with cos/sin so that no libm difference can move a vertex.
@@ -110,25 +107,11 @@ def _draw(img: np.ndarray, obj: SceneObject) -> None:
     img[ys, xs] = np.floor(patch * (1.0 - c) + colour * c + 0.5).astype(np.int16)
 
 
-# Byte -> noise level in [-3, 3]; 256 = 36*7 + 4, so the bias is negligible.
-_NOISE_LUT = (np.arange(256, dtype=np.int16) % (2 * NOISE_AMPLITUDE + 1)) - NOISE_AMPLITUDE
-
-
 def render(scene: Scene, size: int, seed: int) -> np.ndarray:
     """RGB uint8 array (size x size x 3) of the scene; ``seed`` drives only the pixel noise."""
     img = np.empty((size, size, 3), dtype=np.int16)
     img[:] = np.asarray(scene.background, dtype=np.int16)
     for obj in scene.objects:
         _draw(img, obj)
-    rng = np.random.default_rng(seed)
-    img += _NOISE_LUT[np.frombuffer(rng.bytes(img.size), dtype=np.uint8)].reshape(img.shape)
+    img += pixel_noise(seed, img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
-
-
-def encode_jpeg(pixels: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
-    """Baseline JPEG, fixed quality and 4:2:0 subsampling, no EXIF or other metadata."""
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8)).save(
-        buf, format="JPEG", quality=quality, subsampling="4:2:0", optimize=False, progressive=False
-    )
-    return buf.getvalue()

@@ -1,4 +1,4 @@
-"""Scene model of the sample world: objects, their logical layout, and random sampling.
+"""Scene model of the shapes world: objects, their logical layout, and random sampling.
 
 A scene holds two or three objects (one in the curriculum's simplest worlds), each with a shape,
 a colour and a size, placed on a
@@ -11,9 +11,12 @@ are rounded to 4 decimals so that world.json and the rendered pixels agree bit f
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from .relations import HORIZONTAL, INVERSE, Relation, layout_cells, relation_between
+from .twins import difference
 
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross", "diamond")
 
@@ -33,13 +36,6 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 # diameter (36 px vs 19 px at 128, 18 px vs 10 px at 64), so size survives downscaling.
 SIZES: dict[str, float] = {"small": 0.075, "large": 0.14}
 MAX_RADIUS = max(SIZES.values())
-
-RELATIONS: tuple[str, ...] = ("left_of", "right_of", "above", "below")
-INVERSE: dict[str, str] = {"left_of": "right_of", "right_of": "left_of", "above": "below", "below": "above"}
-HORIZONTAL = ("left_of", "right_of")
-
-# Offset (dcol, drow) of the subject's cell relative to the reference object's cell.
-_OFFSET: dict[str, tuple[int, int]] = {"left_of": (-1, 0), "right_of": (1, 0), "above": (0, -1), "below": (0, 1)}
 
 # Background: mid grey with a faint tint, far from white (245) and black (20) and from
 # every saturated object colour.
@@ -95,24 +91,12 @@ class SceneObject:
 
 
 @dataclass(frozen=True)
-class Relation:
-    """``objects[subject]`` is ``predicate`` ``objects[object]``."""
-
-    subject: int
-    predicate: str
-    object: int
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {"subject": self.subject, "predicate": self.predicate, "object": self.object}
-
-
-@dataclass(frozen=True)
 class Scene:
     """Objects plus a background colour; relations are derived from the cells."""
 
     objects: tuple[SceneObject, ...]
     background: tuple[int, int, int]
+    kind: ClassVar[str] = "shapes"  # the registry's name of this world
 
     @property
     def relations(self) -> tuple[Relation, ...]:
@@ -147,22 +131,8 @@ class Scene:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "Scene":
-        """Inverse of to_json (relations are re-derived); an open world's record gives its OpenScene, so code that
-        reads world.json through Scene reads both kinds."""
-        if d.get("scene_kind") == "open":
-            from .open_scene import OpenScene
-
-            return OpenScene.from_json(d)  # type: ignore[return-value]
+        """Inverse of to_json (relations are re-derived)."""
         return Scene(tuple(SceneObject.from_json(o) for o in d["objects"]), tuple(d["background"]))  # type: ignore[arg-type]
-
-
-def relation_between(a: tuple[int, int], b: tuple[int, int]) -> str:
-    """Relation of cell ``a`` to cell ``b`` (they share a row or a column)."""
-    if a[1] == b[1] and a[0] != b[0]:
-        return "left_of" if a[0] < b[0] else "right_of"
-    if a[0] == b[0] and a[1] != b[1]:
-        return "above" if a[1] < b[1] else "below"
-    raise ValueError(f"cells {a} and {b} are not aligned")
 
 
 def _r4(x: float) -> float:
@@ -174,21 +144,6 @@ def sample_background(rng: np.random.Generator) -> tuple[int, int, int]:
     grey = int(rng.integers(BACKGROUND_GREY[0], BACKGROUND_GREY[1]))
     tint = rng.integers(-BACKGROUND_TINT, BACKGROUND_TINT + 1, size=3)
     return tuple(int(grey + t) for t in tint)  # type: ignore[return-value]
-
-
-def _layout_cells(rng: np.random.Generator, n_objects: int) -> list[tuple[int, int]]:
-    """Logical cells: 1 object in the middle; 2 objects on one axis; 3 objects around an anchor in the middle."""
-    if n_objects == 1:
-        return [(1, 1)]
-    if n_objects == 2:
-        rel = RELATIONS[int(rng.integers(4))]
-        dc, dr = _OFFSET[rel]
-        return [(1 + dc, 1 + dr), (1 - dc, 1 - dr)]
-    r1 = RELATIONS[int(rng.integers(4))]
-    others = [r for r in RELATIONS if r != r1]  # same side twice would be ambiguous
-    r2 = others[int(rng.integers(3))]
-    (c1, d1), (c2, d2) = _OFFSET[r1], _OFFSET[r2]
-    return [(1 + c1, 1 + d1), (1, 1), (1 + c2, 1 + d2)]
 
 
 def _layout_centers(rng: np.random.Generator, cells: list[tuple[int, int]], same_side: bool = False) -> list[tuple[float, float]]:
@@ -246,7 +201,7 @@ def sample_scene(rng: np.random.Generator, n_objects: int, background: tuple[int
     colour_names = list(COLOURS)
     colours = rng.permutation(len(colour_names))[:n_objects]
     sizes = rng.random(n_objects) < 0.5
-    cells = _layout_cells(rng, n_objects)
+    cells = layout_cells(rng, n_objects)
     centers = _layout_centers(rng, cells, same_side)
     objs = tuple(
         SceneObject(
@@ -263,7 +218,9 @@ def sample_scene(rng: np.random.Generator, n_objects: int, background: tuple[int
 
 # --- twin operations -------------------------------------------------------------------
 
-SWAP_KINDS: tuple[str, ...] = ("colour", "shape", "size", "relation")
+# The shapes world's twin kinds, in the order families draw them.
+TWIN_KINDS: tuple[str, ...] = ("colour", "shape", "size", "relation")
+ATTRIBUTES: tuple[str, ...] = ("colour", "shape", "size")
 
 
 @dataclass(frozen=True)
@@ -322,3 +279,8 @@ def apply_swap(scene: Scene, swap: Swap) -> Scene:
     objs[i] = replace(a, **{swap.kind: getattr(b, swap.kind)})
     objs[j] = replace(b, **{swap.kind: getattr(a, swap.kind)})
     return Scene(tuple(objs), scene.background)
+
+
+def shapes_difference(a: Scene, b: Scene) -> str:
+    """What differs between two scenes of one family: "colour", "shape", "size", "relation" or "two swaps"."""
+    return difference(a.objects, b.objects, ATTRIBUTES)

@@ -97,11 +97,12 @@ class JointEncoderConfig:
     # position id depends on the caption's length; "fixed": image token i always has position
     # max_text_tokens + 2 + i, so a local adapter's cell keeps one position whatever the caption.
     image_positions: Literal["after_text", "fixed"] = "after_text"
-    # Relations ("A left of B"), a DIAGNOSTIC of the sample world: role embeddings (relation / subject / object, from
-    # a parse of the caption's spatial prepositions, model/relation_roles.py) added to caption words, starting at 0.
-    # The parse finds noun phrases by a word list, which the checkpoint records (role_vocabulary): the sample
-    # world's attribute and shape words for every checkpoint trained so far, so it does not read open-vocabulary
-    # captions. A default recipe leaves it off.
+    # Relations ("A left of B"): role embeddings (relation / subject / object of each relation the caption states)
+    # added to caption words, starting at 0. With role_vocabulary (a DIAGNOSTIC of the sample world, every
+    # checkpoint with roles before the rule below), a parse finds noun phrases by that word list
+    # (model/relation_roles.py), so it does not read open-vocabulary captions. Without it, the roles come from a rule
+    # of English with no word list of any world (model/relation_spans.py: the closed class of spatial words, the
+    # text before and after them).
     relation_roles: bool = False
     role_vocabulary: Optional[Tuple[str, ...]] = None
     # After this many BERT layers (0: off), each relation word receives P(mean of its subject's states minus
@@ -110,6 +111,15 @@ class JointEncoderConfig:
     # Training only (0: off): after this many layers, a head regresses each grounded word's object centre
     # (boxes in the annotations), so nouns carry where their object is before the route reads them.
     ground_layer: int = 0
+    # The pointer (needs the rule's roles, the route and a square grid of image tokens: a local adapter): each
+    # relation's subject and object phrase gets a query from its own input word embeddings (never the relation
+    # word) that attends over the image cells; its expected cell centre x_hat on the grid, through a linear map,
+    # is added to the phrase's states where the route reads them. Training gives it an order loss from the caption
+    # (training/losses.py pointer_order_loss).
+    pointer: bool = False
+    pointer_dim: int = 64  # width of the pointer's queries and keys
+    # The map of x_hat starts random with this std: at 0 it and the route, each waiting for the other, never start.
+    pointer_inject_std: float = 1.0
 
     def __post_init__(self) -> None:
         if self.itm_input not in ("tokens", "global"):
@@ -120,10 +130,11 @@ class JointEncoderConfig:
             raise ValueError("route_layer and ground_layer count BERT layers (0: off)")
         if self.role_vocabulary is not None:
             object.__setattr__(self, "role_vocabulary", tuple(self.role_vocabulary))  # JSON gives a list
-        if self.relation_roles and not self.role_vocabulary:
-            raise ValueError("relation_roles needs role_vocabulary: the noun-phrase words its parse recognises")
         if self.route_layer and not self.relation_roles:
             raise ValueError("route_layer needs relation_roles (the route reads the parse's roles)")
+        if self.pointer and (not self.route_layer or self.role_vocabulary is not None):
+            raise ValueError("the pointer needs route_layer and the roles of the rule of English (relation_roles "
+                             "without role_vocabulary): it injects where the route reads the phrases")
         if (self.relation_roles or self.route_layer or self.ground_layer) and self.itm_input == "global":
             raise ValueError("relation roles, the route and grounding need image tokens in BERT (itm_input='tokens')")
         if self.language_model is None and self.bert_config is None:

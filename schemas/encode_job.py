@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from edje.schemas.config import CodecConfig
-from edje.schemas.token_table import TABLE_COLUMNS
+from edje.schemas.token_table import AUGMENTS, TABLE_COLUMNS
 
 # Url lists (downloaded), and the images a user already holds (read where they lie).
 URL_LIST_FORMATS = ("auto", "tsv", "csv", "parquet")
@@ -32,6 +32,9 @@ class EncodeJobConfig:
     random_weights: bool = False  # the backbone's architecture, randomly initialised (tests and benchmarks)
     feature_layer: Optional[str] = None  # None: the adapter checkpoint's, else the backbone kind's default
     adapter: Optional[str] = None  # EDJE checkpoint dir -> compressed tables; None -> raw tables
+    # Raw (training) tables only: each image also encoded so transformed ("hflip": mirrored left-right), as a row
+    # of its own (schemas/token_table.py); the flip square of training reads them.
+    augment: Optional[str] = None
     quant: str = "fp16"
     group_size: Optional[int] = None
     batch_size: int = 64
@@ -66,6 +69,11 @@ class EncodeJobConfig:
         if isinstance(self.keep_columns, str):
             object.__setattr__(self, "keep_columns", tuple(c.strip() for c in self.keep_columns.split(",") if c.strip()))
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        if self.augment is not None and self.augment not in AUGMENTS:
+            raise ValueError(f"augment must be one of {', '.join(sorted(AUGMENTS))}, got {self.augment!r}")
+        if self.augment is not None and self.adapter:
+            raise ValueError("--augment makes training rows: serving (compressed) tables never carry them; "
+                             "encode without --adapter")
         clash = sorted(set(self.keep_columns) & set(TABLE_COLUMNS))
         if clash:
             raise ValueError(f"keep_columns {clash} are token table columns already")

@@ -7,6 +7,12 @@ cheap lookup. Every file carries `TableMetadata` under the schema key b"edje". C
 (the encode job's --keep-columns: LAION's similarity, punsafe, ...) follow the table's own, with their types;
 readers select the columns they use. A table made from other tables (`edje compress`) records where it came
 from under b"edje.lineage": provenance, not part of what a reader checks the table against.
+
+A training table may also hold each image mirrored (the encode job's `--augment hflip`, recorded as the metadata's
+`augment`): its own row, id `<image id>#hflip`, with `source_image_id` naming the image it mirrors and `augment`
+naming the transform (both null on the images as they are). The caption and text embedding are the source row's,
+as written: no longer true of the mirror where they say left or right, so training reads mirrored rows only as
+the flip square's images, never as positives of their caption.
 """
 from __future__ import annotations
 
@@ -28,7 +34,10 @@ SCHEMA_VERSION = 1
 METADATA_KEY = b"edje"
 LINEAGE_KEY = b"edje.lineage"
 # Every column a token table of either kind may have; columns kept from the input take other names.
-TABLE_COLUMNS = ("image_id", "tokens", "token_scales", "image_embedding", "url", "caption", "text_embedding")
+TABLE_COLUMNS = ("image_id", "tokens", "token_scales", "image_embedding", "url", "caption", "text_embedding",
+                 "source_image_id", "augment")
+# Image transforms a training table may add as rows of their own, and the id suffix of each.
+AUGMENTS = {"hflip": "#hflip"}
 TableKind = Literal["raw", "compressed"]
 ROW_GROUP_ROWS = 128
 
@@ -70,6 +79,14 @@ class TableMetadata:
     # The hub commit the backbone was read from (an hf-hub repository, or a tag's weights on the hub).
     backbone_revision: Optional[str] = None
     backbone_random_weights: bool = False  # made by the architecture alone, randomly initialised
+    # A key of AUGMENTS when the table also holds each image so transformed, as rows of their own (training only).
+    augment: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.augment is not None and self.augment not in AUGMENTS:
+            raise ValueError(f"augment must be one of {sorted(AUGMENTS)} or None, got {self.augment!r}")
+        if self.augment is not None and self.kind != "raw":
+            raise ValueError("only raw (training) tables hold augmented rows; serving tables never do")
 
     def backbone_config(self) -> BackboneConfig:
         """The backbone that made this table's tokens, as loaded: name, tag or file, revision, weights' sha256."""
@@ -125,6 +142,8 @@ def table_schema(meta: TableMetadata, with_text: bool) -> pa.Schema:
             pa.field("caption", pa.string(), nullable=False),
             pa.field("text_embedding", pa.list_(pa.float32(), meta.embed_dim), nullable=False),
         ]
+    if meta.augment is not None:
+        fields += [pa.field("source_image_id", pa.string(), nullable=True), pa.field("augment", pa.string(), nullable=True)]
     return pa.schema(fields, metadata={METADATA_KEY: meta.to_bytes()})
 
 
@@ -136,10 +155,12 @@ def build_table(
     captions: Optional[Sequence[str]] = None,
     text_embeddings: Optional[np.ndarray] = None,
     urls: Optional[Sequence[Optional[str]]] = None,
+    sources: Optional[Sequence[Optional[str]]] = None,
 ) -> pa.Table:
     """Encode float token matrices [B, n, d] with the table's codec into an Arrow table."""
     blob, scales = meta.codec.encode(tokens)
-    return build_table_from_blobs(meta, image_ids, blob, scales, image_embeddings, captions, text_embeddings, urls)
+    return build_table_from_blobs(meta, image_ids, blob, scales, image_embeddings, captions, text_embeddings, urls,
+                                  sources)
 
 
 def build_table_from_blobs(
@@ -151,8 +172,10 @@ def build_table_from_blobs(
     captions: Optional[Sequence[str]] = None,
     text_embeddings: Optional[np.ndarray] = None,
     urls: Optional[Sequence[Optional[str]]] = None,
+    sources: Optional[Sequence[Optional[str]]] = None,
 ) -> pa.Table:
-    """Assemble an Arrow token table from already-encoded blobs (uint8 [B, bytes]) and scales."""
+    """Assemble an Arrow token table from already-encoded blobs (uint8 [B, bytes]) and scales; `sources`: for
+    a table with `meta.augment`, the image id each row transforms (None for an image as it is)."""
     with_text = captions is not None
     if with_text != (text_embeddings is not None):
         raise ValueError("captions and text_embeddings go together")
@@ -180,6 +203,13 @@ def build_table_from_blobs(
             raise ValueError(f"captions has {len(captions)} rows, expected {b}")
         columns["caption"] = pa.array(list(captions), pa.string())
         columns["text_embedding"] = _fixed_list(text_embeddings, meta.embed_dim)
+    if (sources is not None) != (meta.augment is not None):
+        raise ValueError("source image ids go with (and only with) a table whose metadata names an augment")
+    if sources is not None:
+        if len(sources) != b:
+            raise ValueError(f"sources has {len(sources)} rows, expected {b}")
+        columns["source_image_id"] = pa.array(list(sources), pa.string())
+        columns["augment"] = pa.array([None if s is None else meta.augment for s in sources], pa.string())
     return pa.Table.from_pydict(columns, schema=table_schema(meta, with_text))
 
 

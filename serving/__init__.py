@@ -1,4 +1,5 @@
-"""Ray Serve application of the EDJE reranker and hard-negative miner: plain cores, thin Serve shells.
+"""Ray Serve application of the EDJE reranker and hard-negative miner, installed as `edje.serving`: plain cores, thin
+Serve shells.
 
 live_images    images added at run time: bytes -> model/token_encoder.py rows, one shared append log (LiveImages)
 reranker_core  token store + model/scoring.py + live images of one replica, no Serve (RerankerCore)
@@ -16,5 +17,4 @@ serve_metrics  the Prometheus series (ray.serve.metrics) the Serve shells record
 deployments    FirstStage and Miner made Serve deployments (the first stage's timed, with a readiness call)
 app            ServeConfig -> application graph (`edje.serving.app:build_app` is serve_config.yaml's import path;
                the file's `deployments:` section sets replicas and resources over the code's options)
-miner_client   what training calls: fetch_negatives(url, image_ids, captions, k), neighbour_batch(...)
 """

@@ -1,65 +1,79 @@
-"""The package graph: one import name, no cycle between the parts of `edje`, each part imports only the layers
-below it (the table below), and no product module imports the research room.
+"""The package graph: one import name, and the import contracts of pyproject.toml (`[tool.importlinter]`): each part
+imports only the layers below it, the scoring path never reads the sample world, no product module imports the
+research room, the sample world's two kinds stand side by side over its core, and no import cycle at any depth,
+relative and function-level imports included.
 
-Imports are read with `ast` (never executed), absolute ones anywhere in a file: a function-level import
-is as much a dependency as a module-level one. The parts are the folders that install as `edje.<part>`
-(pyproject's package-dir); `edje` itself is the public API (`edje/`).
+import-linter finds a package's modules by walking its folder, but `edje.<part>` lives in `<part>/` (pyproject's
+package-dir), so `lint` lays the installed tree out with links and runs `lint-imports` over it.
 """
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 API = "edje"
-RESEARCH = "research"
-# Folders of scripts rather than packages: they import the packages like one, so they are nodes too.
+# Folders of scripts rather than packages: they import the packages like one, so bare imports there are read too.
 SCRIPT_DIRS = ("benchmarks",)
-# Each part and the parts it may import. The faces (the API, evaluation, pipeline, serving, training) stand side by
-# side over model and schemas; sampleworld is the embedded data, which the scoring path (model, serving, the API)
-# never reads; jobs are the entry points over the faces; research and benchmarks may use anything.
-FACES = {API, "evaluation", "pipeline", "serving", "training"}
-LAYERS: Dict[str, set] = {
-    "schemas": set(),
-    "sampleworld": {"schemas"},
-    "model": {"schemas"},
-    API: {"model", "schemas"},
-    "serving": {"model", "schemas"},
-    "evaluation": {"model", "schemas", "sampleworld"},
-    "pipeline": {"model", "schemas", "sampleworld"},
-    "training": {"model", "schemas", "sampleworld"},
-    "jobs": FACES | {"model", "schemas", "sampleworld"},
-}
-
-Graph = Dict[str, Dict[str, List[str]]]  # part -> imported part -> import sites ("path:line module")
 
 
-def parts(root: Path) -> Dict[str, Path]:
-    """Part name -> folder: the subpackages pyproject maps under `edje`, the API folder and the script folders."""
+def package_dirs(root: Path) -> Dict[str, Path]:
+    """Part name -> folder, for the subpackages pyproject maps under `edje`."""
     cfg = tomllib.loads((root / "pyproject.toml").read_text())
     mapped = cfg.get("tool", {}).get("setuptools", {}).get("package-dir", {})
-    out = {name.split(".", 1)[1]: root / folder for name, folder in mapped.items() if name.startswith(API + ".")}
-    out[API] = root / API
-    out.update({d: root / d for d in SCRIPT_DIRS if (root / d).is_dir()})
+    return {name.split(".", 1)[1]: root / folder for name, folder in mapped.items() if name.startswith(API + ".")}
+
+
+def installed_tree(root: Path, into: Path) -> Path:
+    """`into/edje`, laid out as it installs: links to the API's files and to each mapped folder."""
+    pkg = into / API
+    pkg.mkdir()
+    for entry in (root / API).iterdir():
+        if entry.name != "__pycache__":
+            (pkg / entry.name).symlink_to(entry)
+    for part, folder in package_dirs(root).items():
+        (pkg / part).symlink_to(folder, target_is_directory=True)
+    return into
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    """Run `lint-imports` with root's pyproject.toml over root's installed tree (in a fresh process, so that `edje`
+    is found in the laid-out tree and not in the checkout); its output names each broken contract."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = installed_tree(root, Path(tmp))
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        cmd = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
+               str(root / "pyproject.toml"), "--no-cache", "--no-logo"]
+        return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+
+
+def contracts(root: Path) -> List[dict]:
+    """The import contracts of root's pyproject.toml."""
+    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def constrained(root: Path) -> set:
+    """Modules a contract constrains: a layer of a layers contract (with its container) or a forbidden contract's
+    source."""
+    out = set()
+    for c in contracts(root):
+        if c["type"] == "layers":
+            out |= {f"{box}.{m.strip()}" for box in c["containers"] for layer in c["layers"] for m in layer.split("|")}
+        elif c["type"] == "forbidden":
+            out |= set(c["source_modules"])
     return out
 
 
-def part_of(module: str, known: Sequence[str]) -> str | None:
-    """The part a module name belongs to: `edje.model.x` -> model, `edje.reranker` -> the API; None when foreign."""
-    head, _, rest = module.partition(".")
-    if head != API:
-        return head if head in known else None  # a bare `model.x`: one of ours under a name that does not install
-    sub = rest.split(".")[0]
-    return sub if sub in known and sub != API else API
-
-
 def imported_modules(path: Path, package: str) -> List[tuple]:
-    """(line, absolute module name) of every import in a file of `package`; in a folder of scripts,
-    a sibling imported by its bare name (a script runs with its own folder on sys.path) counts as `package`'s."""
+    """(line, absolute module name) of every absolute import in a file; in a folder of scripts, a sibling imported
+    by its bare name (a script runs with its own folder on sys.path) counts as `package`'s."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     scripts = not (path.parent / "__init__.py").is_file()
     siblings = {p.stem for p in path.parent.glob("*.py")} if scripts else set()
@@ -79,104 +93,37 @@ def imported_modules(path: Path, package: str) -> List[tuple]:
     return out
 
 
-def files_of(part: str, folder: Path) -> List[Path]:
-    """The part's Python files (the API's own files only: the other parts live in their own folders)."""
-    return sorted(folder.glob("*.py") if part == API else folder.rglob("*.py"))
-
-
-def import_graph(root: Path) -> Graph:
-    """Edges between parts, each with the import sites that make it; bare imports of a part are edges too."""
-    found = parts(root)
-    graph: Graph = {p: defaultdict(list) for p in found}
-    for part, folder in found.items():
-        for path in files_of(part, folder):
-            rel = path.relative_to(root)
-            for line, name in imported_modules(path, part):
-                if part in SCRIPT_DIRS and name.split(".")[0] == part:
-                    target = part
-                else:
-                    target = part_of(name, list(found))
-                if target is not None and target != part:
-                    graph[part][target].append(f"{rel}:{line} {name}")
-    return graph
-
-
 def bare_imports(root: Path) -> List[str]:
     """Import sites that name one of our parts without `edje.`: they would not resolve once installed."""
-    found = parts(root)
-    names = set(found) - {API} - set(SCRIPT_DIRS)
+    found = package_dirs(root)
+    folders = {**found, API: root / API, **{d: root / d for d in SCRIPT_DIRS if (root / d).is_dir()}, "tests": root / "tests"}
     sites = []
-    for part, folder in found.items():
-        for path in files_of(part, folder):
+    for part, folder in folders.items():
+        files = folder.glob("*.py") if part in (API, "tests") else folder.rglob("*.py")
+        for path in sorted(files):
             for line, name in imported_modules(path, part):
-                if name.split(".")[0] in names:
+                if name.split(".")[0] in found:
                     sites.append(f"{path.relative_to(root)}:{line} {name}")
-    for path in sorted((root / "tests").glob("*.py")):
-        for line, name in imported_modules(path, "tests"):
-            if name.split(".")[0] in names:
-                sites.append(f"{path.relative_to(root)}:{line} {name}")
     return sites
 
 
-def cycles(graph: Graph) -> List[List[str]]:
-    """One cycle (a list of packages, first == last) through each strongly connected group of packages."""
-    index: Dict[str, int] = {}
-    low: Dict[str, int] = {}
-    stack: List[str] = []
-    groups: List[List[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan: the graph has a dozen nodes, recursion is fine
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return [_cycle_in(graph, set(g), g[0]) for g in groups]
+def test_the_import_contracts_hold():
+    result = lint(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _cycle_in(graph: Graph, group: set, start: str) -> List[str]:
-    """A shortest cycle from `start` back to itself inside one strongly connected group (breadth first)."""
-    parent = {start: None}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for v in frontier:
-            for w in sorted(graph[v]):
-                if w == start:
-                    path = [v]
-                    while parent[path[-1]] is not None:
-                        path.append(parent[path[-1]])
-                    return path[::-1] + [start]
-                if w in group and w not in parent:
-                    parent[w] = v
-                    nxt.append(w)
-        frontier = nxt
-    raise AssertionError(f"{start} is on no cycle of {sorted(group)}")
+def test_every_part_and_api_module_is_in_the_layers_contract():
+    api = {p.stem for p in (ROOT / API).glob("*.py") if p.stem != "__init__"}
+    installed = {f"{API}.{m}" for m in set(package_dirs(ROOT)) | api}
+    named = {m for m in constrained(ROOT) if m.count(".") == 1}
+    assert installed == named, f"without a layer: {sorted(installed - named)}; stale: {sorted(named - installed)}"
 
 
-def describe(graph: Graph, cycle: Sequence[str]) -> str:
-    """A cycle with the import sites of each of its edges."""
-    lines = [" -> ".join(cycle)]
-    for a, b in zip(cycle, cycle[1:]):
-        lines.append(f"  {a} -> {b}:")
-        lines += [f"    {site}" for site in graph[a][b]]
-    return "\n".join(lines)
+def test_every_sample_world_module_is_placed_in_the_core_a_kind_or_above_them():
+    folder = package_dirs(ROOT)["sampleworld"]
+    modules = {f"{API}.sampleworld.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+    placed = {m for m in constrained(ROOT) if m.startswith(f"{API}.sampleworld.")}
+    assert modules == placed, f"not in a contract: {sorted(modules - placed)}; stale: {sorted(placed - modules)}"
 
 
 def test_every_import_of_our_code_goes_through_the_one_name():
@@ -184,60 +131,34 @@ def test_every_import_of_our_code_goes_through_the_one_name():
     assert not sites, "imports of our parts without `edje.`:\n" + "\n".join(sites)
 
 
-def test_no_cycle_between_parts():
-    graph = import_graph(ROOT)
-    found = cycles(graph)
-    assert not found, "cycles between parts:\n" + "\n".join(describe(graph, c) for c in found)
+def _project(root: Path, contracts: str, files: Dict[str, str]) -> None:
+    """A pyproject mapping `edje.<part>` to each folder named in `files` ("part/module.py": source), with `contracts`."""
+    parts = sorted({f.split("/")[0] for f in files if not f.startswith(API + "/")})
+    rows = "\n".join(f'"edje.{p}" = "{p}"' for p in parts)
+    (root / "pyproject.toml").write_text(f"[tool.setuptools.package-dir]\n{rows}\n\n"
+                                         f'[tool.importlinter]\nroot_package = "edje"\n\n{contracts}\n')
+    for folder in {API, *parts}:
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "__init__.py").write_text("")
+    for name, source in files.items():
+        (root / name).write_text(source + "\n")
 
 
-def layer_violations(graph: Graph) -> List[str]:
-    """Edges the layer table does not allow, with their import sites."""
-    return [f"{pkg} -> {dep}:\n" + "\n".join(f"    {s}" for s in graph[pkg][dep])
-            for pkg, allowed in LAYERS.items() if pkg in graph for dep in sorted(set(graph[pkg]) - allowed)]
+def test_a_cycle_of_relative_imports_inside_a_package_is_found(tmp_path):
+    _project(tmp_path, '[[tool.importlinter.contracts]]\nname = "acyclic"\ntype = "acyclic_siblings"\nancestors = ["edje"]',
+             {"world/a.py": "from .b import f", "world/b.py": "def f():\n    from . import a\n", "world/c.py": "from . import a"})
+    result = lint(tmp_path)
+    assert result.returncode == 1 and "No cycles are allowed in edje.world" in result.stdout, result.stdout
 
 
-def test_each_part_imports_only_the_layers_below_it():
-    wrong = layer_violations(import_graph(ROOT))
-    assert not wrong, "a part imports one it may not (see LAYERS):\n" + "\n".join(wrong)
+def test_a_layer_violation_is_found(tmp_path):
+    contract = ('[[tool.importlinter.contracts]]\nname = "layers"\ntype = "layers"\ncontainers = ["edje"]\n'
+                'layers = ["serving", "model"]')
+    _project(tmp_path, contract, {"model/m.py": "from edje.serving.s import y", "serving/s.py": "y = 1"})
+    result = lint(tmp_path)
+    assert result.returncode == 1 and "edje.model.m -> edje.serving.s" in result.stdout, result.stdout
 
 
-def test_every_installed_part_is_in_the_layer_table():
-    installed = set(parts(ROOT)) - set(SCRIPT_DIRS) - {RESEARCH}
-    assert installed == set(LAYERS), f"parts without a layer: {installed - set(LAYERS)}; stale rows: {set(LAYERS) - installed}"
-
-
-def test_no_product_module_imports_research():
-    graph = import_graph(ROOT)
-    sites = [s for pkg in graph if pkg not in (RESEARCH, *SCRIPT_DIRS) for s in graph[pkg].get(RESEARCH, [])]
-    assert not sites, "research is imported outside research/, benchmarks/ and tests/:\n" + "\n".join(sites)
-
-
-def _tree(root: Path, files: Dict[str, str]) -> None:
-    """A pyproject mapping `edje.<part>` to each folder, and one module per part with the given imports."""
-    (root / "edje").mkdir()
-    (root / "edje" / "__init__.py").write_text("")
-    rows = "\n".join(f'"edje.{p}" = "{p}"' for p in files if p != API)
-    (root / "pyproject.toml").write_text(f"[tool.setuptools.package-dir]\n{rows}\n")
-    for part, imports in files.items():
-        folder = root / part
-        folder.mkdir(exist_ok=True)
-        (folder / "__init__.py").write_text("")
-        (folder / "m.py").write_text(imports + "\n")
-
-
-def test_a_cycle_of_three_parts_is_found(tmp_path):
-    _tree(tmp_path, {"a": "import edje.b.x", "b": "from edje.c import y", "c": "def f():\n    import edje.a\n",
-                     "d": "import edje.a"})
-    graph = import_graph(tmp_path)
-    assert cycles(graph) == [["a", "b", "c", "a"]]
-    assert "a/m.py:1 edje.b.x" in describe(graph, ["a", "b", "c", "a"])
-
-
-def test_a_layer_violation_and_a_bare_import_are_found(tmp_path):
-    _tree(tmp_path, {"model": "from edje.serving.x import y", "serving": "import model.z", "schemas": "",
-                     API: "from edje.model import m"})
-    graph = import_graph(tmp_path)
-    wrong = layer_violations(graph)
-    assert len(wrong) == 1 and wrong[0].startswith("model -> serving:") and "model/m.py:1 edje.serving.x" in wrong[0]
-    assert graph[API] == {"model": ["edje/m.py:1 edje.model"]}
-    assert bare_imports(tmp_path) == ["serving/m.py:1 model.z"]
+def test_a_bare_import_is_found(tmp_path):
+    _project(tmp_path, "", {"model/m.py": "import serving.s", "serving/s.py": "", "edje/api.py": "from edje.model import m"})
+    assert bare_imports(tmp_path) == ["model/m.py:1 serving.s"]

@@ -19,9 +19,9 @@ from edje.sampleworld.open_glyphs import load_glyphs
 from edje.sampleworld.open_scene import TWIN_KINDS, OpenScene, apply_swap, open_difference
 from edje.sampleworld.open_sprites import CELL, load_sheet, sprite
 from edje.sampleworld.open_table import TABLE_PATH, build_table, noun_forms
-from edje.sampleworld.open_world import open_world_config
+from edje.sampleworld.open_world import OPEN_WORLD, open_world_config
+from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.render import render
-from edje.sampleworld.scene import Scene
 from edje.sampleworld.world import sample_records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,11 +192,11 @@ def test_every_twin_differs_from_its_base_in_exactly_the_labelled_way(world_json
     table = load_glyphs()
     kinds = collections.Counter()
     for fam in families(world_json).values():
-        base = Scene.from_json(fam[0])
+        base = scene_from_json(fam[0])
         assert isinstance(base, OpenScene) and fam[0]["role"] == "base" and fam[0]["swaps"] == []
         sigs = {base.signature()}
         for r in fam[1:]:
-            twin = Scene.from_json(r)
+            twin = scene_from_json(r)
             things = base.things
             for s in load_world_swaps(r):
                 things = apply_swap(things, s)
@@ -219,9 +219,9 @@ def test_every_twin_differs_from_its_base_in_exactly_the_labelled_way(world_json
 
 
 def load_world_swaps(record: dict):
-    from edje.sampleworld.world import ImageRecord
+    from edje.sampleworld.records import ImageRecord
 
-    return ImageRecord.from_json(record).swaps
+    return ImageRecord.from_json(record, OPEN_WORLD.scene_from_json, OPEN_WORLD.swap_from_json).swaps
 
 
 def test_facing_only_on_directional_glyphs(world_json) -> None:
@@ -256,9 +256,9 @@ def test_evaluation_reads_open_worlds(world_json) -> None:
 
     seen = collections.Counter()
     for fam in families(world_json).values():
-        base = Scene.from_json(fam[0])
+        base = scene_from_json(fam[0])
         for r in fam[1:]:
-            twin = Scene.from_json(r)
+            twin = scene_from_json(r)
             kind = scene_difference(base, twin)
             assert kind == open_difference(base, twin) and kind in KINDS
             seen[kind] += 1

@@ -13,7 +13,8 @@ import torch
 from conftest import TINY_BERT
 
 from edje.evaluation.scene_pairs import bootstrap_ci, pairs_by_scene, scene_difference
-from edje.sampleworld.grounding import NOUN_WORDS, bare, caption_grounding
+from edje.sampleworld.grounding import NOUN_WORDS, caption_grounding
+from edje.sampleworld.phrases import bare
 from edje.sampleworld.scene import Scene, SceneObject
 from edje.sampleworld.world import WorldConfig, generate, sample_records
 

@@ -243,3 +243,30 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipelin
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", text)]
     assert resumed and min(resumed) >= 2, text[-4000:]
     assert _checkpoints(storage, "survive")[-1][0] == 30
+
+
+def test_flip_square_and_pointer_reach_the_worker(pipeline_tables, tmp_path, ray_local):
+    """Tables encoded with --augment hflip train with their mirrored rows set apart as the flip square's images, the
+    pointer trains with roles by the rule of English, and the checkpoint records both."""
+    from edje.model.edje import load_checkpoint, read_checkpoint_config
+    from edje.pipeline.job import run_encode_job
+    from edje.schemas.encode_job import EncodeJobConfig
+    from edje.schemas.shipped import DEFAULT_BACKBONE
+    from edje.schemas.weights import find_weights
+
+    world = pipeline_tables.parent.parent / "world"
+    summary = run_encode_job(EncodeJobConfig(output=str(tmp_path / "mirror"), world_dir=str(world), world_images=48,
+                                             batch_size=16, shard_size=24, augment="hflip",
+                                             pretrained=find_weights(backbone=DEFAULT_BACKBONE)))
+    assert summary["complete"] and summary["table_metadata"]["augment"] == "hflip"
+    export, rows = _train("pretrain.py", tmp_path / "mirror" / "tables", tmp_path, "square",
+                          ray_local.get_runtime_context().gcs_address,
+                          "--adapter", "local", "--objectives", "itm", "flip", "pointer", "--flip-mode", "square",
+                          "--relation-roles", "--role-parse", "english", "--route-layer", "1", "--pointer",
+                          "--image-positions", "fixed")
+    assert any("loss_flip_square" in r for r in rows), rows  # horizontal captions met their mirrored images
+    assert all(math.isfinite(r["loss_flip"]) and math.isfinite(r["loss_pointer"]) for r in rows), rows
+    enc = load_checkpoint(str(export)).config.encoder
+    assert enc.pointer and enc.relation_roles and enc.role_vocabulary is None
+    training = read_checkpoint_config(str(export))["training"]
+    assert training["flip_mode"] == "square" and "pointer" in training["objectives"]

@@ -26,7 +26,7 @@ import edje.model.backbone  # noqa: F401  registers the project's open_clip conf
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
 from edje.sampleworld.captions import colour_caption, shape_caption
-from edje.sampleworld.open_scene import OpenScene
+from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
 from edje.schemas.annotations import Annotations, load_annotations
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
@@ -207,7 +207,7 @@ def world_records(world_json: str, image_ids) -> tuple:
     if missing:
         raise KeyError(f"{world_json} does not list images {missing[:3]}")
     family = np.array([records[i]["family_id"] for i in image_ids], dtype=np.int64)
-    return family, [Scene.from_json(records[i]) for i in image_ids]
+    return family, [scene_from_json(records[i]) for i in image_ids]
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -244,7 +244,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     partial_rates = [caption_rates(cfg, e) for e in range(cfg.epochs)]  # checks every epoch's rates up front
     if cfg.world:
         groups_np, scenes = world_records(cfg.world, train.image_ids)
-        if any(sum(r) > 0 for r in partial_rates) and any(isinstance(sc, OpenScene) for sc in scenes):
+        if any(sum(r) > 0 for r in partial_rates) and any(sc.kind != Scene.kind for sc in scenes):
             # Their captions name shapes and colours, which an open world's things do not have.
             raise ValueError(f"{cfg.world} is an open world: the shape- and colour-only caption rates are levers of "
                              "the shapes world; train on the open world with both at 0")

@@ -6,8 +6,8 @@ from typing import List, Literal, Optional, Tuple
 
 from edje.training.sampler import CurriculumConfig
 
-Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip"]
-OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip")
+Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer"]
+OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -35,8 +35,13 @@ class ModelSpec:
     # to a run that starts from a checkpoint: its weights are kept and the new parts start at 0.
     image_positions: Literal["after_text", "fixed"] = "after_text"
     relation_roles: bool = False
+    # Where the roles come from: "vocabulary", a parse by the sample world's words (a diagnostic; recorded in the
+    # checkpoint as role_vocabulary); "english", the rule of English (model/relation_spans.py), no word list. None:
+    # "vocabulary" for a new model, and a checkpoint's own roles for --init.
+    role_parse: Optional[Literal["vocabulary", "english"]] = None
     route_layer: int = 0
     ground_layer: int = 0
+    pointer: bool = False  # JointEncoderConfig.pointer (the pointer objective trains it)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,16 @@ class TrainJobConfig:
     # the ground objective; rows are matched by (image id, caption).
     grounding: Tuple[str, ...] = ()
     objectives: Tuple[str, ...] = PRETRAIN_OBJECTIVES
+    # The flip objective's negatives. "caption": each positive against its caption reversed on one axis, same
+    # image. "square": a caption with horizontal spatial words makes a square with the image's mirrored copy
+    # ((I, c) and (mirror I, flip c) true, (I, flip c) and (mirror I, c) false: every string and image true once
+    # and false once, so the spatial words alone tell nothing); vertical ones (no mirror keeps their labels)
+    # stay caption-side, weighted so that each key of spatial words is as often true as flipped (FlipBalance).
+    flip_mode: Literal["caption", "square"] = "caption"
+    # Raw tables encoded with --augment hflip whose mirrored rows give the square its mirrored images, matched by
+    # image id; () = the training tables themselves. Mirrored rows are never training rows of their own.
+    mirror_tables: Tuple[str, ...] = ()
+    pointer_k: float = 10.0  # sharpness of the pointer's order loss softplus(k * signed difference)
     # MLM starts near ln(30k) = 10 nats from a random head; at weight 1 it dominates the clipped
     # gradient and Adam's moments on the shared encoder, so it weighs less than ITM.
     loss_weights: Tuple[Tuple[str, float], ...] = (("itm", 1.0), ("mlm", 0.3), ("recovery", 1.0), ("distill", 1.0))
@@ -99,6 +114,12 @@ class TrainJobConfig:
             raise ValueError(f"unknown objectives {sorted(unknown)}; choose from {', '.join(OBJECTIVES)}")
         if "flip" in self.objectives and "itm" not in self.objectives:
             raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
+        if self.flip_mode not in ("caption", "square"):
+            raise ValueError(f"flip_mode must be 'caption' or 'square', got {self.flip_mode!r}")
+        if self.flip_mode == "square" and "flip" not in self.objectives:
+            raise ValueError("flip_mode='square' shapes the flip objective's negatives: add the flip objective")
+        if self.flip_mode == "square" and self.batching != "planned":
+            raise ValueError("the flip square needs batching='planned' (mirrored rows are set apart per worker)")
         # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")

@@ -13,7 +13,8 @@ from typing import List, Optional, Sequence, Tuple
 import fsspec
 
 from edje.model.hub import CheckpointNotFound, hub_env
-from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata
+from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata, read_token_table
+from edje.training.caption_rewrites import VERTICAL, FlipBalance
 from edje.training.config import OBJECTIVES, ModelSpec, TrainJobConfig
 from edje.training.language_model import pack, resolve_language_model
 from edje.training.sampler import CurriculumConfig
@@ -61,12 +62,20 @@ def run(cfg: TrainJobConfig, language_model=None):
 
     paths = expand_tables(cfg.tables)
     meta = check_tables(paths)
+    if meta.augment is not None and cfg.batching != "planned":
+        raise ValueError("tables with augmented rows need batching='planned' (the rows are set apart per worker)")
     storage = cfg.storage_path if "://" in cfg.storage_path else os.path.abspath(cfg.storage_path)
+    square = {}
+    if cfg.flip_mode == "square":
+        mirrors = [_absolute(p) for p in expand_tables(cfg.mirror_tables or paths)]
+        check_mirror_tables(mirrors, meta)
+        # Built once over every worker's captions: each worker weighs its rows by the whole run's counts.
+        square = {"mirror_paths": mirrors, "flip_balance": FlipBalance(training_captions(paths), VERTICAL)}
     trainer = TorchTrainer(
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,
                            "batches_per_epoch": count_rows(paths) // (cfg.batch_size * cfg.num_workers),
-                           "storage": storage, "language_model": language_model},
+                           "storage": storage, "language_model": language_model, **square},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,
@@ -75,6 +84,28 @@ def run(cfg: TrainJobConfig, language_model=None):
         datasets={"train": read_dataset(paths)},
     )
     return trainer.fit()
+
+
+def check_mirror_tables(paths: Sequence[str], meta: TableMetadata) -> None:
+    """Mirror tables must hold mirrored rows of the training tables' backbone and token shape."""
+    if not any(read_metadata(p).augment == "hflip" for p in paths):
+        raise ValueError("the flip square needs mirrored images: encode the training images with --augment hflip "
+                         "and train on those tables or name them with --mirror-tables")
+    for p in paths:
+        read_metadata(p).check(p, kind="raw", backbone=meta.backbone, pretrained_sha256=meta.pretrained_sha256,
+                               feature_layer=meta.feature_layer, num_tokens=meta.num_tokens, width=meta.width)
+
+
+def training_captions(paths: Sequence[str]) -> List[str]:
+    """The captions of the tables' training rows (augmented rows left out)."""
+    out: List[str] = []
+    for p in paths:
+        augmented = read_metadata(p).augment is not None
+        table, _ = read_token_table(p, columns=["caption"] + (["augment"] if augmented else []))
+        out += [c for c, a in zip(table.column("caption").to_pylist(),
+                                  table.column("augment").to_pylist() if augmented else [None] * table.num_rows)
+                if a is None]
+    return out
 
 
 def count_rows(paths: Sequence[str]) -> int:
@@ -180,6 +211,16 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
     p.add_argument("--objectives", nargs="+", default=list(objectives), choices=list(OBJECTIVES))
     p.add_argument("--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), default=[],
                    help="weight of one objective (default 1.0)")
+    p.add_argument("--flip-mode", choices=["caption", "square"], default=d.flip_mode,
+                   help="the flip objective's negatives. caption: each positive against its caption reversed on one "
+                   "axis, same image; square: horizontal captions make a square with the image's mirrored copy "
+                   "(tables encoded with --augment hflip), vertical ones stay caption-side, weighted so that the "
+                   "spatial words alone tell true from flipped no better than chance")
+    p.add_argument("--mirror-tables", nargs="+", default=list(d.mirror_tables),
+                   help="raw tables encoded with --augment hflip that hold the training images' mirrored copies "
+                   "(--flip-mode square; default: the training tables)")
+    p.add_argument("--pointer-k", type=float, default=d.pointer_k,
+                   help="sharpness of the pointer objective's order loss softplus(k * signed difference)")
     p.add_argument("--mlm-masking", choices=["random", "groups"], default=d.mlm_masking,
                    help="random: BERT's random wordpieces; groups: all words of one attribute group per caption "
                    "(colour, shape, size or spatial words), so that only the image can supply the binding")
@@ -223,11 +264,19 @@ def build_parser(description: str, lr: float, objectives: Tuple[str, ...]) -> ar
                    help="fixed: image token i keeps one BERT position whatever the caption's length")
     r.add_argument("--relation-roles", action="store_true",
                    help="relation / subject / object role embeddings from a parse of spatial prepositions")
+    r.add_argument("--role-parse", choices=["vocabulary", "english"], default=s.role_parse,
+                   help="where the roles come from. vocabulary: a parse by the sample world's words (a diagnostic, "
+                   "recorded as role_vocabulary); english: a rule of English, no word list of any world (default: "
+                   "vocabulary for a new model, the --init checkpoint's own roles)")
     r.add_argument("--route-layer", type=int, default=s.route_layer,
                    help="after this many layers, each relation word receives P(subject - object) (0: off)")
     r.add_argument("--ground-layer", type=int, default=s.ground_layer,
                    help="after this many layers, a head regresses grounded words' object centres (0: off; "
                    "the ground objective and --grounding train it)")
+    r.add_argument("--pointer", action="store_true",
+                   help="the pointer: each relation's subject and object phrase, from its own words, points at the "
+                   "image cells; its expected cell joins the phrase's states where the route reads them (needs "
+                   "--role-parse english, --route-layer and a local adapter; the pointer objective trains it)")
     r.add_argument("--grounding", nargs="+", default=[],
                    help="annotation files whose entries carry `grounding` (the ground objective)")
     p.add_argument("--init", help="start from this EDJE checkpoint")
@@ -244,14 +293,15 @@ def config_from_args(a: argparse.Namespace) -> TrainJobConfig:
                      adapter_position_gain=a.adapter_position_gain, language_model=a.language_model,
                      encoder_layers=a.encoder_layers, max_text_tokens=a.max_text_tokens, word_context=a.word_context,
                      itm_input=a.itm_input, bert_config=_bert_fields(a.random_bert),
-                     image_positions=a.image_positions, relation_roles=a.relation_roles, route_layer=a.route_layer,
-                     ground_layer=a.ground_layer)
+                     image_positions=a.image_positions, relation_roles=a.relation_roles, role_parse=a.role_parse,
+                     route_layer=a.route_layer, ground_layer=a.ground_layer, pointer=a.pointer)
     weights = dict(TrainJobConfig(tables=[], storage_path="", name="").loss_weights)
     weights.update({k: float(v) for k, v in a.loss_weight})
     return TrainJobConfig(
         tables=list(a.tables), storage_path=a.storage_path, name=a.name, model=spec, init_checkpoint=_absolute(a.init),
         init_encoder_from=_absolute(a.init_encoder_from), teacher_checkpoint=_absolute(a.teacher),
         grounding=tuple(_absolute(g) for g in a.grounding), objectives=tuple(a.objectives),
+        flip_mode=a.flip_mode, mirror_tables=tuple(a.mirror_tables), pointer_k=a.pointer_k,
         loss_weights=tuple(sorted(weights.items())), num_workers=a.num_workers, use_gpu=a.use_gpu,
         cpus_per_worker=a.cpus_per_worker, batch_size=a.batch_size, epochs=a.epochs, max_steps=a.max_steps,
         lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, min_lr_ratio=a.min_lr_ratio, k=a.k,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
 from edje.schemas.annotations import load_grounding
 from edje.schemas.token_table import TableMetadata, vector_matrix
-from edje.training.batches import TrainBatch, decode_batch, gather_batch
+from edje.training.batches import MirrorLookup, TrainBatch, decode_batch, drop_augmented, gather_batch
 from edje.training.config import TrainJobConfig
 from edje.training.language_model import unpack
 from edje.training.masking import PieceGroups, WordGroups
@@ -87,9 +87,10 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainJobConfig) -> torch.optim.
 
 
 def save_training_checkpoint(model: EDJEModel, optimizer: torch.optim.Optimizer, pos: Position,
-                             metrics: Dict, directory: str) -> None:
-    """Our checkpoint format plus the optimizer state and the run position."""
-    save_checkpoint(model, directory, extra={"position": asdict(pos), "metrics": metrics})
+                             metrics: Dict, directory: str, job: Optional[TrainJobConfig] = None) -> None:
+    """Our checkpoint format plus the optimizer state, the run position and the training job's options."""
+    extra = {"position": asdict(pos), "metrics": metrics, **({"training": asdict(job)} if job is not None else {})}
+    save_checkpoint(model, directory, extra=extra)
     torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER))
 
 
@@ -148,7 +149,7 @@ def load_shard(shard) -> pa.Table:
     resumed run rebuilds the same ones; 16 KB a row for 64 x 128 fp16 tokens."""
     parts = [pa.table(b) if not isinstance(b, pa.Table) else b
              for b in shard.iter_batches(batch_size=4096, batch_format="pyarrow")]
-    return order_rows(pa.concat_tables(parts))
+    return order_rows(drop_augmented(pa.concat_tables(parts)))
 
 
 def order_rows(table: pa.Table) -> pa.Table:
@@ -207,7 +208,9 @@ def train_loop_per_worker(config: dict) -> None:
         groups = PieceGroups(WordGroups.load(cfg.mlm_groups) if cfg.mlm_groups else WordGroups.sample_world(),
                              model.encoder.tokenizer, weights=dict(cfg.mlm_group_weights))
     grounding = {k: v for path in cfg.grounding for k, v in load_grounding(path).items()} if "ground" in cfg.objectives else None
-    objectives = EDJEObjectives(model, cfg.objectives, weights, groups, grounding)
+    objectives = EDJEObjectives(model, cfg.objectives, weights, groups, grounding, cfg.flip_mode,
+                                config.get("flip_balance"), cfg.pointer_k)
+    mirrors = MirrorLookup(config["mirror_paths"]) if cfg.flip_mode == "square" else None
     # Heads that an objective set leaves unused (MLM, recovery when fine-tuning) get no gradient.
     wrapped = ray.train.torch.prepare_model(objectives, parallel_strategy_kwargs={"find_unused_parameters": True})
     optimizer = build_optimizer(objectives, cfg)
@@ -236,7 +239,7 @@ def train_loop_per_worker(config: dict) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = None
                 if rank == 0:
-                    save_training_checkpoint(model, optimizer, pos, metrics, tmp)
+                    save_training_checkpoint(model, optimizer, pos, metrics, tmp, cfg)
                     checkpoint = ray.train.Checkpoint.from_directory(tmp)
                 ray.train.report(metrics, checkpoint=checkpoint)
         else:
@@ -267,7 +270,7 @@ def train_loop_per_worker(config: dict) -> None:
         else:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
-            batch, neg, t_logits = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher)
+            batch, neg, t_logits = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors)
             out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits)
             pos.step += 1
             pos.batch_in_epoch = i + 1
@@ -289,10 +292,15 @@ def train_loop_per_worker(config: dict) -> None:
 
 def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_cfg: MinerConfig,
                 generator: torch.Generator, miner: Optional[MinerNegatives] = None,
-                teacher: Optional[EDJEModel] = None) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor]]:
-    """One step's inputs on the worker's device: the decoded batch, its hard negatives (the miner
-    service's, or mined in the batch gathered across workers) and the teacher's logits (distillation)."""
-    batch = _to_device(decode_batch(raw, meta), device)
+                teacher: Optional[EDJEModel] = None,
+                mirrors: Optional[MirrorLookup] = None) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor]]:
+    """One step's inputs on the worker's device: the decoded batch (with its images' mirrored copies for the flip
+    square), its hard negatives (the miner service's, or mined in the batch gathered across workers) and the
+    teacher's logits (distillation)."""
+    batch = decode_batch(raw, meta)
+    if mirrors is not None:
+        batch.mirror_tokens, batch.has_mirror = mirrors.get(batch.image_ids)
+    batch = _to_device(batch, device)
     neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
     neg.image_tokens = neg.image_tokens.to(device)
     t_logits = teacher_scores(teacher, batch, neg) if teacher is not None else None
@@ -316,4 +324,5 @@ def _to_device(batch: TrainBatch, device: torch.device) -> TrainBatch:
     if device.type == "cpu":
         return batch
     return TrainBatch(batch.image_ids, batch.captions, batch.tokens.to(device), batch.image_emb.to(device),
-                      batch.text_emb.to(device))
+                      batch.text_emb.to(device),
+                      batch.mirror_tokens.to(device) if batch.mirror_tokens is not None else None, batch.has_mirror)

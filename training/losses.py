@@ -1,5 +1,8 @@
-"""EDJE losses: ITM over hard negatives (both directions), MLM, text-embedding recovery, distillation."""
+"""EDJE losses: ITM over hard negatives (both directions), MLM, text-embedding recovery, distillation, the flip
+square, the pointer's order."""
 from __future__ import annotations
+
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -48,3 +51,33 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
         raise ValueError(f"distillation expects b + 2bk = {b + 2 * b * k} logits, got {list(student_logits.shape)}")
     bce = F.binary_cross_entropy_with_logits(student_logits, torch.sigmoid(teacher_logits.detach()), reduction="none")
     return (bce[:b].mean() + bce[b:b + b * k].mean() + bce[b + b * k:].mean()) / 3
+
+
+def flip_square_loss(caption_image: torch.Tensor, flipped_image: torch.Tensor, flipped_mirror: torch.Tensor,
+                     caption_mirror: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The flip square's four two-way comparisons, each of ITM logits [R] of (caption c or its flip fc, image I or
+    its mirror M): image I picks c over fc, M picks fc over c, c picks I over M, fc picks M over I. Returns (mean
+    cross-entropy, [4R] whether each true pair outscored its false one)."""
+    true = torch.cat([caption_image, flipped_mirror, caption_image, flipped_mirror])
+    false = torch.cat([flipped_image, caption_mirror, caption_mirror, flipped_image])
+    return F.softplus(false - true).mean(), true > false
+
+
+def weighted_flip_loss(true: torch.Tensor, flipped: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Caption-side flips: the weighted mean over rows of the two-way cross-entropy of (image, caption) [R] against
+    (image, flipped caption) [R]."""
+    return (weights * F.softplus(flipped - true)).sum() / weights.sum().clamp_min(1e-12)
+
+
+def pointer_order_loss(xy: torch.Tensor, valid: torch.Tensor, orders: torch.Tensor,
+                       k: float) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The pointer's order loss from the caption alone: softplus(k * ORDER . (x_hat_subject - x_hat_object)) over
+    the relations whose two phrases have readable pieces. xy [B, 2R, 2] and valid [B, 2R] hold the R subjects then
+    the R objects, orders [B, R, 2] each relation's ORDER (model/relation_roles.py; 0 where none). Returns (loss,
+    share of relations the pointer already puts in the caption's order), (0, None) when none."""
+    r = orders.shape[1]
+    signed = (orders.to(xy.dtype) * (xy[:, :r] - xy[:, r:])).sum(-1)
+    use = valid[:, :r] & valid[:, r:] & (orders.abs().sum(-1) > 0)
+    if not bool(use.any()):
+        return xy.sum() * 0.0, None
+    return F.softplus(k * signed[use]).mean(), (signed[use] < 0).float().mean()

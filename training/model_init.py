@@ -65,6 +65,8 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
                                       word_context=enc.word_context, **relation_fields(spec)))
         model = EDJEModel(cfg, load_language_model=False)
         state = source.encoder.state_dict()
+        if not cfg.encoder.pointer:  # a student without the pointer (a compressed adapter keeps no cell grid)
+            state = {k: v for k, v in state.items() if not k.startswith("pointer.")}
         if itm_input != enc.itm_input:
             # Another ITM input (the global-vector baseline from a token model's BERT): the heads that
             # read the image differ, so they start fresh, and parts the other mode cannot have (the relation
@@ -88,12 +90,14 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
     return model.train()
 
 
-RELATION_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_layer")
+RELATION_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_layer", "pointer")
 
 
 def relation_fields(spec: ModelSpec) -> dict:
-    """The spec's relation options, as JointEncoderConfig fields (with the role parse's word list when roles are on)."""
-    return {**{f: getattr(spec, f) for f in RELATION_FIELDS}, **_role_vocabulary(spec.relation_roles)}
+    """The spec's relation options, as JointEncoderConfig fields (with the role parse's word list when roles are on
+    and come from the vocabulary parse)."""
+    vocabulary = spec.relation_roles and spec.role_parse != "english"
+    return {**{f: getattr(spec, f) for f in RELATION_FIELDS}, **_role_vocabulary(vocabulary)}
 
 
 def _role_vocabulary(relation_roles: bool) -> dict:
@@ -109,11 +113,14 @@ def _role_vocabulary(relation_roles: bool) -> dict:
 def with_relations(model: EDJEModel, spec: ModelSpec) -> EDJEModel:
     """`model` with the relation options the spec turns on that it lacks (and 2-D positions on its adapter's
     input): its weights kept, each new part at 0 (the position table at its usual gain of 1, about a tenth of a
-    ViT token's norm: at 0 a scalar gain would take thousands of steps to matter). Options the spec leaves at
-    their defaults keep the checkpoint's."""
+    ViT token's norm: at 0 a scalar gain would take thousands of steps to matter; the pointer's map of x_hat at
+    its random start). Options the spec leaves at their defaults keep the checkpoint's."""
     default = ModelSpec()
     asked = {f: getattr(spec, f) for f in RELATION_FIELDS if getattr(spec, f) != getattr(default, f)}
-    if asked.get("relation_roles") and not model.config.encoder.role_vocabulary:
+    had_roles = model.config.encoder.relation_roles
+    if spec.role_parse == "english":
+        asked["role_vocabulary"] = None
+    elif asked.get("relation_roles") and (spec.role_parse == "vocabulary" or not had_roles):
         asked.update(_role_vocabulary(True))
     position = spec.adapter_position if spec.adapter_position != default.adapter_position else model.config.adapter.position
     if all(getattr(model.config.encoder, f) == v for f, v in asked.items()) and position == model.config.adapter.position:
@@ -150,7 +157,7 @@ def seed_image_positions(model: EDJEModel) -> None:
 def _with_new_parts(module, state: dict) -> dict:
     """`state` completed with the module's own (zero or fresh) weights of parts the state lacks: the relation
     modules and adapter position a warm start adds, so a strict load still names every other missing key."""
-    new = ("role_embedding.", "route.", "ground_head.", "position.gain")
+    new = ("role_embedding.", "route.", "ground_head.", "position.gain", "pointer.")
     own = module.state_dict()
     return {**{k: v for k, v in own.items() if k not in state and any(p in k for p in new)}, **state}
 

@@ -3,8 +3,10 @@
 ITM over the positive and k hard negatives in both directions, MLM on the positive pairs,
 text-embedding recovery from the text-only [CLS], distillation of a teacher's ITM logits
 on exactly the pairs the student scores, grounding: each grounded caption word of a positive
-pair regresses its object's centre from a middle layer (read from the same forward as ITM), and
-relation flips: each positive against its own caption with the spatial words reversed, on the same image.
+pair regresses its object's centre from a middle layer (read from the same forward as ITM),
+relation flips: each positive against its own caption with the spatial words reversed, on the same image (or, with
+flip_mode "square", the flip square with the image's mirrored copy, and weighted vertical flips), and the pointer's
+order loss: each relation's subject and object phrase placed on the image grid in the caption's order.
 """
 from __future__ import annotations
 
@@ -17,8 +19,17 @@ from torch.nn import functional as F
 
 from edje.model.edje import EDJEModel
 from edje.training.batches import TrainBatch
-from edje.training.caption_rewrites import flip_relations
-from edje.training.losses import distillation_loss, itm_accuracy, itm_loss, mlm_loss, recovery_loss
+from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, FlipBalance, caption_axes, flip_axis, flip_relations
+from edje.training.losses import (
+    distillation_loss,
+    flip_square_loss,
+    itm_accuracy,
+    itm_loss,
+    mlm_loss,
+    pointer_order_loss,
+    recovery_loss,
+    weighted_flip_loss,
+)
 from edje.training.masking import PieceGroups
 from edje.training.negatives import Negatives
 
@@ -34,7 +45,8 @@ class EDJEObjectives(nn.Module):
     """Wraps EDJEModel; forward(batch, negatives, teacher_logits) -> dict of losses and ITM accuracy."""
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
-                 word_groups: Optional[PieceGroups] = None, grounding: Optional[Mapping] = None):
+                 word_groups: Optional[PieceGroups] = None, grounding: Optional[Mapping] = None,
+                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None, pointer_k: float = 10.0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -45,6 +57,12 @@ class EDJEObjectives(nn.Module):
             raise ValueError("the ground objective needs grounding annotations")
         if "flip" in self.objectives and "itm" not in self.objectives:
             raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
+        if flip_mode == "square" and (flip_balance is None or flip_balance.axis != VERTICAL):
+            raise ValueError("the flip square weighs vertical flips by a FlipBalance of the training captions' "
+                             "vertical axis")
+        if "pointer" in self.objectives and not model.encoder.config.pointer:
+            raise ValueError("the pointer objective trains the model's pointer: build it with pointer=True")
+        self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
@@ -68,17 +86,15 @@ class EDJEObjectives(nn.Module):
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
         if "flip" in self.objectives:
-            flipped = [flip_relations(c) for c in batch.captions]
-            rows = [i for i, f in enumerate(flipped) if f is not None]
-            if rows:
-                # Each positive against its own caption with the relations reversed, on the same image.
-                flip_l = encoder.score([flipped[i] for i in rows], pos[rows])
-                pair = torch.stack([pos_l[rows], flip_l], dim=1)
-                out["loss_flip"] = F.cross_entropy(pair, torch.zeros(len(rows), dtype=torch.long, device=pair.device))
-                out["flip_acc"] = (pair[:, 0] > pair[:, 1]).float().mean().detach()
-            else:
-                out["loss_flip"] = pos.sum() * 0
+            out.update(self._flip_square(batch, pos, pos_l) if self.flip_mode == "square" else
+                       self._flip_caption(batch, pos, pos_l))
             total = total + self.weights.get("flip", 1.0) * out["loss_flip"]
+        if "pointer" in self.objectives:
+            xy, valid, orders = encoder.pointer_readout(list(batch.captions), pos)
+            out["loss_pointer"], in_order = pointer_order_loss(xy, valid, orders, self.pointer_k)
+            if in_order is not None:
+                out["pointer_order_acc"] = in_order.detach()
+            total = total + self.weights.get("pointer", 1.0) * out["loss_pointer"]
         if "ground" in self.objectives:
             if centres is None:
                 centres = encoder.score_and_ground(list(batch.captions), pos)[1]
@@ -104,6 +120,45 @@ class EDJEObjectives(nn.Module):
             out["loss_distill"] = distillation_loss(logits, teacher_logits, b, k)
             total = total + self.weights.get("distill", 1.0) * out["loss_distill"]
         out["loss"] = total
+        return out
+
+    def _flip_caption(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Each positive against its own caption with the relations reversed (one axis), on the same image."""
+        flipped = [flip_relations(c) for c in batch.captions]
+        rows = [i for i, f in enumerate(flipped) if f is not None]
+        if not rows:
+            return {"loss_flip": pos.sum() * 0}
+        flip_l = self.model.encoder.score([flipped[i] for i in rows], pos[rows])
+        pair = torch.stack([pos_l[rows], flip_l], dim=1)
+        return {"loss_flip": F.cross_entropy(pair, torch.zeros(len(rows), dtype=torch.long, device=pair.device)),
+                "flip_acc": (pair[:, 0] > pair[:, 1]).float().mean().detach()}
+
+    def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """The flip square on horizontal captions whose image has a mirrored copy, and weighted caption-side flips
+        on vertical ones; every extra pair scored in one pass."""
+        caps = list(batch.captions)
+        has_mirror = batch.has_mirror.tolist() if batch.has_mirror is not None else [False] * len(caps)
+        square = [i for i, c in enumerate(caps) if has_mirror[i] and HORIZONTAL in caption_axes(c)]
+        weight = [self.flip_balance.weight(c) for c in caps]
+        vertical = [i for i in range(len(caps)) if weight[i] > 0]
+        if not square and not vertical:
+            return {"loss_flip": pos.sum() * 0}
+        mirror = self.model.adapter(batch.mirror_tokens[square]) if square else pos[:0]
+        flipped = [flip_axis(caps[i], HORIZONTAL) for i in square]
+        texts = flipped + flipped + [caps[i] for i in square] + [flip_axis(caps[i], VERTICAL) for i in vertical]
+        logits = self.model.encoder.score(texts, torch.cat([pos[square], mirror, mirror, pos[vertical]]))
+        r = len(square)
+        out, wins, loss = {}, [], pos.new_zeros(())
+        if square:  # scored above: (I, flip c), (mirror I, flip c), (mirror I, c); (I, c) is the positive
+            out["loss_flip_square"], won = flip_square_loss(pos_l[square], logits[:r], logits[r:2 * r],
+                                                            logits[2 * r:3 * r])
+            loss, wins = loss + out["loss_flip_square"], [won]
+        if vertical:
+            w = torch.tensor([weight[i] for i in vertical], dtype=logits.dtype, device=logits.device)
+            out["loss_flip_vertical"] = weighted_flip_loss(pos_l[vertical], logits[3 * r:], w)
+            loss, wins = loss + out["loss_flip_vertical"], wins + [pos_l[vertical] > logits[3 * r:]]
+        out["loss_flip"] = loss
+        out["flip_acc"] = torch.cat(wins).float().mean().detach()
         return out
 
     def _ground_loss(self, batch: TrainBatch, centres: torch.Tensor) -> torch.Tensor:
