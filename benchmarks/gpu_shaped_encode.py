@@ -51,7 +51,7 @@ def simulated_encoder(rate: float):
 
         def __init__(self, spec):
             started = time.time()
-            self.with_text = False
+            self.with_text, self.augment = False, None  # no mirrored copies: the simulation times the plain job
             self.codec = simulated_meta().codec
             self.init_window = (started, time.time())
 

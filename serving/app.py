@@ -45,7 +45,8 @@ def check_models(config: ServeConfig) -> None:
     from edje.schemas.token_table import read_metadata
 
     seen = set()
-    for paths in (config.token_tables, config.image_tables, config.caption_sources):
+    # Caption sources may be annotation JSON: the miner embeds them with the image tables' backbone, checked here.
+    for paths in (config.token_tables, config.image_tables):
         if paths:
             backbone = read_metadata(paths[0]).first_stage_backbone(config.backbone_pretrained)
             if backbone not in seen:
