@@ -117,7 +117,6 @@ class Cursor:
     log_gen: int = -1  # first_seq in the header of the LOG read last; 0: there was no LOG; -1: not read yet
     log_off: int = 0  # bytes of that LOG read (header and whole records)
     log_rows: int = 0  # rows in LOG up to log_off (what triggers a compaction)
-    manifest_gen: int = 0  # MANIFEST's generation when last read
     schema: Optional[pa.Schema] = None
 
 
@@ -381,7 +380,6 @@ class LiveLog:
         if snap.manifest is not None:
             pieces = [self._read_part(p, f) for p, f in snap.parts]
             c.seq = max(c.seq, snap.manifest.through)
-            c.manifest_gen = snap.manifest.generation
             for path, data in snap.segments:
                 batches += [b for _, b in self._read_segment(path, data)]
         torn = ""
@@ -496,11 +494,15 @@ class LiveLog:
             self._adopt(table.schema, "the appended rows")
         elif not _same_layout(table.schema, self.cursor.schema):
             raise ValueError("rows of another table layout than the live log's")
-        if log_state(self.path) == (0, 0) and self.cursor.log_gen <= 0:
-            self._create_log(self.cursor.seq + 1)
         seq = self.cursor.seq + 1
         data = record(seq, table.combine_chunks().to_batches()[0])  # a batch holds no names: no cast needed
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            if self.cursor.log_gen > 0:
+                raise  # LOG never disappears once made: a writer that read one must not start another
+            self._create_log(seq)  # the first append to this folder
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         try:
             state = (generation_of(fd, self.path), os.fstat(fd).st_size)
             if state != (self.cursor.log_gen, self.cursor.log_off):
