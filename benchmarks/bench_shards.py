@@ -17,7 +17,9 @@ reranker (int8). Every phase sends `POST /v1/search` (top 10, reranked).
   ONGOING requests at once and QUEUED more in Serve's proxy. Measures the unloaded latency (one client), the rate the
   replica sustains (ONGOING closed-loop clients), then sends an open-loop stream at `--overload-factor` (4) times that
   rate and prints the share of 503s, their latency and Retry-After, and the p99 of the admitted requests against the
-  unloaded p99. Goals: 503s within 100 ms, admitted p99 within 2x the unloaded p99.
+  unloaded p99. Goals: 503s within 100 ms, admitted p99 within 2x the unloaded p99. `--admit gate:N` runs the
+  ingress's own gate instead (`ServeConfig.admit_in_flight`: N in flight, no queue) with N clients for the
+  sustained rate.
 """
 from __future__ import annotations
 
@@ -266,9 +268,13 @@ def overload_phase(args, base: str, table: str, caps: List[str], workdir: Path, 
     from edje.serving.app import build
     from edje.serving.config import DeploymentResources
 
-    ongoing, queued = (int(x) for x in admit.split(":"))
-    ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=ongoing, max_queued_requests=queued)
-    cfg = base_config(table, workdir, ingress=ingress, retry_after_s=args.retry_after)
+    if admit.startswith("gate:"):  # the ingress's own gate: `ongoing` in flight, no queue; Serve's limits out of its way
+        ongoing, queued, gate = int(admit[5:]), 0, {"admit_in_flight": int(admit[5:])}
+        ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=256, max_queued_requests=-1)
+    else:
+        (ongoing, queued), gate = (int(x) for x in admit.split(":")), {}
+        ingress = DeploymentResources(num_cpus=0.5, max_ongoing_requests=ongoing, max_queued_requests=queued)
+    cfg = base_config(table, workdir, ingress=ingress, retry_after_s=args.retry_after, **gate)
     serve.run(build(cfg), name="over", route_prefix="/over")
     url = f"{base}/over/v1/search"
     asyncio.run(load(url, caps, 10, ongoing))  # warm-up
@@ -279,7 +285,7 @@ def overload_phase(args, base: str, table: str, caps: List[str], workdir: Path, 
     admitted = [g["latency"] for g in got if g["status"] == 200]
     refused = [g for g in got if g["status"] == 503]
     others = sorted({str(g["status"]) for g in got} - {"200", "503"})
-    out = {"admit_ongoing": ongoing, "admit_queued": queued, "load_average": list(os.getloadavg()),
+    out = {"admit": admit, "admit_ongoing": ongoing, "admit_queued": queued, "load_average": list(os.getloadavg()),
            "unloaded": {k: unloaded[k] for k in ("requests", "rps", "p50_ms", "p99_ms")},
            "sustained": {k: sustained[k] for k in ("requests", "rps", "p50_ms", "p99_ms", "errors")},
            "offered_rps": round(rate, 2), "sent": len(got), "admitted": len(admitted),
@@ -311,7 +317,8 @@ def main() -> int:
     p.add_argument("--shards", type=int, default=2, help="kill phase: shards")
     p.add_argument("--replicas-per-shard", type=int, default=2, help="kill phase: replicas of each shard's deployments")
     p.add_argument("--admit", nargs="+", default=["1:1", "2:2"],
-                   help="overload phase: the ingress's max_ongoing_requests:max_queued_requests, one run each")
+                   help="overload phase: the ingress's max_ongoing_requests:max_queued_requests, or gate:N (the "
+                        "ingress's own gate, N in flight and no queue), one run each")
     p.add_argument("--overload-factor", type=float, default=4.0, help="overload phase: offered rate / sustained rate")
     p.add_argument("--retry-after", type=float, default=1.0)
     p.add_argument("--workdir")
@@ -373,7 +380,8 @@ def report(out: dict) -> None:
               f"{k['p50_ms']} ms, p99 {k['p99_ms']} ms; image added before the kill: {k['added_before_kill']}, "
               f"served after: {k['added_image_served_after']}; goals (<= 0.5 %, <= 2 s) met: {k['goals_met']}")
     for o in out.get("overload", []):
-        print(f"[shards] overload (ingress admits {o['admit_ongoing']} + {o['admit_queued']} queued): unloaded p50 "
+        print(f"[shards] overload (ingress admits {o['admit_ongoing']} + {o['admit_queued']} queued"
+              f"{', its own gate' if o['admit'].startswith('gate:') else ''}): unloaded p50 "
               f"{o['unloaded']['p50_ms']} ms, p99 {o['unloaded']['p99_ms']} ms; sustained {o['sustained']['rps']} req/s; "
               f"offered {o['offered_rps']} req/s for {out['seconds']:.0f} s: {o['sent']} sent, {o['admitted']} admitted, "
               f"{o['refused_503']} refused 503 ({o['refused_pct']} %, p50 {o['refused_p50_ms']} ms, p99 "

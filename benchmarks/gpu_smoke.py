@@ -67,7 +67,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 # Slack of the device's arithmetic against the CPU fp32 reference, as a share of a token's absmax.
 COMPUTE_SLACK = {"cpu": 2.0 ** -20, "cuda": 2.0 ** -12, "bf16": 2.0 ** -4}
-SERVED_FP32_TOL = 1e-4  # served fp32 logits vs evaluation's CPU fp32 logits (README: "equal within 1e-4")
+SERVED_FP32_TOL = 1e-4  # served fp32 logits vs evaluation's CPU fp32 logits: equal within 1e-4
 EVAL_DEVICE_TOL = 1e-4  # evaluation's logits on the device vs on the CPU
 SMALL_BERT = (("hidden_size", 64), ("num_hidden_layers", 2), ("num_attention_heads", 2), ("intermediate_size", 128))
 

@@ -52,6 +52,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                  image_url_hosts=args.image_url_hosts, image_url_allow=args.image_url_allow,
                  ui=args.ui, image_dir=args.image_dir, image_url_prefix=args.image_url_prefix, shards=args.shards,
                  replicas_per_shard=args.replicas_per_shard, retry_after_s=args.retry_after,
+                 admit_in_flight=args.admit_in_flight,
                  index_factory=args.index_factory, index_search_params=args.index_search_params)
     base.update({k: v for k, v in flags.items() if v is not None})
     rr = dict(base.get("reranker") or {})
@@ -115,6 +116,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--ingress-max-queued", type=int,
                    help="requests Serve's proxy holds back for the ingress beyond those; more are answered 503 with "
                         "Retry-After at once (default 64; -1: no limit)")
+    p.add_argument("--admit-in-flight", type=int,
+                   help="a gate with no queue: an ingress replica works on at most this many requests and answers "
+                        "each further one 503 with Retry-After at once (below --ingress-max-ongoing; default: no gate)")
     p.add_argument("--retry-after", type=float, help="seconds in the Retry-After header of a 503 (default 1)")
     p.add_argument("--index-factory", help="FAISS index of the first stage (default Flat; 'IVF1024,PQ32' for large corpora)")
     p.add_argument("--index-search-params", help="its search parameters, as faiss.ParameterSpace takes them ('nprobe=32')")

@@ -41,7 +41,7 @@ class EmbeddingIndex:
         if vectors.ndim != 2 or len(ids) != len(vectors):
             raise ValueError(f"{len(ids)} ids but vectors of shape {list(vectors.shape)}")
         self.ids = list(ids)
-        self.index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        self.index = new_index(vectors.shape[1], factory)
         if not self.index.is_trained:
             # Coarse quantizers and PQ codebooks need a sample, not the corpus: a fixed seed keeps rebuilds equal.
             sample = vectors
@@ -219,6 +219,19 @@ def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, chunk: int = 
     return best
 
 
+def new_index(dim: int, factory: str) -> faiss.Index:
+    """An untrained inner-product index from a faiss.index_factory description, without polysemous training."""
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    # faiss trains PQ codes for polysemous (Hamming-filtered) search by default, which no search here uses: it
+    # reorders the codes, changes no distance, and took 99 % of training time (11.4 of 11.5 s for IVF64,PQ8 over
+    # 2,000 vectors of 32 dims).
+    for part in (index, faiss.try_extract_index_ivf(index)):
+        part = faiss.downcast_index(part) if part is not None else None
+        if hasattr(part, "do_polysemous_training"):
+            part.do_polysemous_training = False
+    return index
+
+
 def save_trained(vectors: np.ndarray, factory: str, path: str, train_size: int = 262_144, add_rows: int = 262_144,
                  recall_queries: Optional[int] = None) -> dict:
     """Train an index on a seeded sample of `vectors`, add them a chunk at a time, measure recall@10 against exact
@@ -229,7 +242,7 @@ def save_trained(vectors: np.ndarray, factory: str, path: str, train_size: int =
         recall_queries = int(min(1000, max(100, 10 ** 9 // max(1, len(vectors)))))
     started = time.time()
     vectors_n, dim = vectors.shape
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    index = new_index(dim, factory)
     if not index.is_trained:  # the same seeded sample as EmbeddingIndex(): equal vectors give an equal index
         sample = np.arange(vectors_n)
         if vectors_n > train_size:

@@ -128,6 +128,11 @@ class ServeConfig:
     # waiting. An admitted request waits about (ongoing + queued) / throughput at worst: size the two to the
     # rate the deployments sustain times the latency a client accepts (benchmarks/bench_shards.py --phases overload).
     ingress: DeploymentResources = DeploymentResources(max_ongoing_requests=64, max_queued_requests=64)
+    # Or a gate with no queue: an ingress replica works on at most this many requests (health, readiness and the
+    # API description aside) and answers every further one 503 with Retry-After at once, so an admitted request
+    # never waits behind others; Serve's queue cannot do that (max_queued_requests is -1 or >= 1). The ingress's
+    # max_ongoing_requests must exceed it, so that Serve hands the excess to the gate. None: Serve's limits alone.
+    admit_in_flight: Optional[int] = None
     retry_after_s: float = 1.0  # the Retry-After header (seconds, rounded up) of every 503: overload, a lost replica
 
     def __post_init__(self) -> None:
@@ -154,6 +159,9 @@ class ServeConfig:
             raise ValueError(f"ready_timeout_s must be > 0, got {self.ready_timeout_s}")
         if self.replicas_per_shard < 1:
             raise ValueError(f"replicas_per_shard must be >= 1, got {self.replicas_per_shard}")
+        if self.admit_in_flight is not None and not 1 <= self.admit_in_flight < self.ingress.max_ongoing_requests:
+            raise ValueError(f"admit_in_flight must be >= 1 and below the ingress's max_ongoing_requests "
+                             f"({self.ingress.max_ongoing_requests}), got {self.admit_in_flight}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):

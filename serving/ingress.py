@@ -14,7 +14,8 @@ Texts are measured in the checkpoint's wordpieces (`TextLimit`): one longer than
 (`truncate`, the default; the response's meta says so) or refused with 413. A downstream call whose replica dies
 mid-request is made once more (another replica of the shard answers: serving/shards.py `call_with_retry`); when
 that fails too, or the deployment is overloaded, the answer is 503 with Retry-After, and Serve replaces the
-replica. Requests beyond the ingress's own admission limits get Serve's 503 (serving/app.py). Scored responses carry `X-EDJE-Replica`
+replica. Requests beyond the ingress's own admission limits get Serve's 503 (serving/app.py), or, with
+`admit_in_flight`, the gate's (`AdmissionGate`: no queue). Scored responses carry `X-EDJE-Replica`
 (the reranker replica) and `X-EDJE-Batch-Pairs` (pairs in the forward pass that scored them: > 1 when dynamic
 batching merged requests). Every response carries Serve's request id as `X-Request-ID` (Serve's proxy sets it,
 keeping a client's own); /v2/rerank's `id` is that id. Every response is counted and timed by route and status
@@ -112,6 +113,29 @@ class BearerAuth:
         response = JSONResponse(status_code=401, content={"detail": "missing or wrong bearer token"},
                                 headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
+
+
+class AdmissionGate:
+    """ASGI middleware: at most `limit` requests in flight in this replica (paths in `exempt` aside); each one beyond
+    is answered 503 with Retry-After at once, never queued. A replica runs its app on one event loop, so a plain
+    counter is exact."""
+
+    def __init__(self, app, limit: int, retry_after_s: float, exempt: frozenset = PUBLIC_PATHS):
+        self.app, self.limit, self.exempt, self.in_flight = app, limit, exempt, 0
+        self.retry_after = str(math.ceil(retry_after_s))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or _route_path(scope) in self.exempt:
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.limit:
+            response = JSONResponse(status_code=503, headers={"Retry-After": self.retry_after},
+                                    content={"detail": f"overloaded: {self.limit} requests in flight, retry"})
+            return await response(scope, receive, send)
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 def _route_path(scope) -> str:
@@ -365,7 +389,10 @@ def build_api(ing: Ingress) -> FastAPI:
                               "arXiv 2510.06820). Documents are image ids of the served corpus.")
     app.add_exception_handler(RequestValidationError, _validation_error)
     # Enforces the token on every route but PUBLIC_PATHS (and the search page's static files, which hold no data).
-    app.add_middleware(BearerAuth, token=ing.auth_token, public=PUBLIC_PATHS | (page_paths() if cfg.ui else frozenset()))
+    public = PUBLIC_PATHS | (page_paths() if cfg.ui else frozenset())
+    if cfg.admit_in_flight is not None:  # added before BearerAuth, so inside it: a request without the token is 401
+        app.add_middleware(AdmissionGate, limit=cfg.admit_in_flight, retry_after_s=cfg.retry_after_s, exempt=public)
+    app.add_middleware(BearerAuth, token=ing.auth_token, public=public)
     if ing.metrics is not None:  # added after BearerAuth, so outside it: its 401s are counted too
         app.add_middleware(RequestMetrics, metrics=ing.metrics, routes=lambda: app.routes)
     bearer = HTTPBearer(auto_error=False, description="required when the server is started with an auth token")

@@ -1,7 +1,7 @@
 """The application's Prometheus series (ray.serve.metrics): names, labels and buckets in one place, made per replica.
 
 Serve adds the labels deployment, replica and application to each series; Ray exports them from every node's
-metrics export port as `ray_<name>`, counters with a `_total` suffix (README "Monitoring"). Only the Serve shells
+metrics export port as `ray_<name>`, counters with a `_total` suffix (docs/operations.md "Monitoring"). Only the Serve shells
 (ingress, reranker, deployments) import this module: the serving cores load no Ray Serve.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """ray_cluster.yaml is a valid Ray cluster-launcher config: a CPU head, a GPU worker group, project setup, Ray token
-auth and metrics on every node, the dashboard on the head's loopback, room for the README's 16 GPU + 5 CPU nodes."""
+auth and metrics on every node, the dashboard on the head's loopback, room for docs/cluster.md's 16 GPU + 5 CPU nodes."""
 import re
 import shlex
 from pathlib import Path
@@ -99,7 +99,7 @@ def test_dashboard_not_world_exposed():
 
 
 def test_max_workers_hold_the_readme_plan():
-    # README's cost plan: 16 GPU (L40S) nodes encoding, 5 CPU nodes (c6i.4xlarge) downloading
+    # docs/cluster.md's costed plan: 16 GPU (L40S) nodes encoding, 5 CPU nodes (c6i.4xlarge) downloading
     cfg = prepare_config(_config())
     types = cfg["available_node_types"]
     assert types["gpu_worker"]["max_workers"] >= 16 and types["cpu_worker"]["max_workers"] >= 5

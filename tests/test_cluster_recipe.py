@@ -1,14 +1,15 @@
-"""README "Going to a real cluster", run as written: the commands between `<!-- cluster:recipe -->` and the end of its
+"""docs/cluster.md "Going to a real cluster", run as written: the commands between `<!-- cluster:recipe -->` and the end of its
 bash block, each submitted with `ray job submit` to a two-node Ray cluster on loopback (`ray start --head`, then
-`ray start --address` with its own resources; token auth as the README says), with `s3://bucket` on moto's S3
+`ray start --address` with its own resources; token auth as the docs say), with `s3://bucket` on moto's S3
 server and the hub on loopback. Each command's output is the next one's input on that storage: raw tables,
 pretraining (exported to the storage path), distillation, compressed tables (jobs/compress.py: the raw tables through
 the student's adapter), serving. It ends with one
 `POST /v1/rerank` and one `POST /v1/search` answered from the served tables.
 
-Sizes are scaled down by the substitutions in SCALED_DOWN, each of which must match the README (the README lists
+Sizes are scaled down by the substitutions in SCALED_DOWN, each of which must match docs/cluster.md (it lists
 them); nothing else of the commands changes. The nodes' environment carries what a user's would: AWS credentials
 and `AWS_ENDPOINT_URL` (moto), `HF_ENDPOINT` and `HF_HOME` (the loopback hub), `RAY_AUTH_MODE=token` and the token.
+The same cluster shows that a shell without `RAY_AUTH_MODE=token` is refused.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ from edje.serving.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+RECIPE_DOC = ROOT / "docs" / "cluster.md"  # the recipe's home (the README links to it)
 MARKER = "<!-- cluster:recipe -->"
 IMAGES = 24
 SERVE_PORT = free_port()
-# README text -> the test's, in the order the README's "What it scales down" names them; each must occur.
+# The doc's text -> the test's, in the order its "What it scales down" names them; each must occur.
 SCALED_DOWN = [
     ("--backbone ViT-L-16-SigLIP2-384 --pretrained webli", "--backbone hf-hub:edje-ray/tiny-convvit"),
     ("--language-model microsoft/MiniLM-L12-H384-uncased", "--language-model edje-ray/minilm-l6 --encoder-layers 1"),
@@ -51,9 +53,9 @@ SCALED_DOWN = [
 ]
 
 
-def recipe(readme: str) -> list:
+def recipe(doc: str) -> list:
     """The commands of the bash block after the marker: continuation lines joined, comments dropped."""
-    lines = readme[readme.index(MARKER) + len(MARKER):].splitlines()
+    lines = doc[doc.index(MARKER) + len(MARKER):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("```"))
     body = []
     for line in lines[start + 1:]:
@@ -72,19 +74,19 @@ def recipe(readme: str) -> list:
 
 
 def scaled_down(commands: list) -> list:
-    """The commands with SCALED_DOWN applied; a substitution that matches nothing is the README moving away."""
+    """The commands with SCALED_DOWN applied; a substitution that matches nothing is the doc moving away."""
     out = list(commands)
-    for readme_text, ours in SCALED_DOWN:
-        hits = sum(c.count(readme_text) for c in out)
-        assert hits, f"the README's recipe no longer says {readme_text!r}: update SCALED_DOWN and the README's list"
-        out = [c.replace(readme_text, ours) for c in out]
+    for doc_text, ours in SCALED_DOWN:
+        hits = sum(c.count(doc_text) for c in out)
+        assert hits, f"the recipe in {RECIPE_DOC.name} no longer says {doc_text!r}: update SCALED_DOWN and its list"
+        out = [c.replace(doc_text, ours) for c in out]
     return out
 
 
 def test_the_recipe_is_one_chain():
     """Every s3:// path a command reads was written by an earlier command (or is the input list), and every
     scaling-down substitution still finds its text."""
-    commands = recipe((ROOT / "README.md").read_text())
+    commands = recipe(RECIPE_DOC.read_text())
     scaled_down(commands)
     assert [re.search(r"python (jobs/\w+\.py)", c).group(1) for c in commands] == [
         "jobs/encode_cc12m.py", "jobs/pretrain.py", "jobs/distill.py", "jobs/compress.py", "jobs/serve.py"]
@@ -182,10 +184,11 @@ def cluster(world):
         assert len(nodes) == 2 and any(n.get("second_node") for n in nodes), nodes
         yield url
     finally:
-        for p in reversed(procs):
+        for p in procs:  # both nodes at once: a node waiting for a lost head would hold the teardown for a minute
             p.send_signal(signal.SIGTERM)
+        for p in procs:
             try:
-                p.wait(timeout=60)
+                p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -211,8 +214,19 @@ def _alive_nodes(url: str, env: dict) -> list:
 
 
 @pytest.mark.slow
+def test_a_submit_without_auth_mode_is_refused(world, cluster):
+    """The failure docs/jobs.md's auth sentence prevents: no RAY_AUTH_MODE=token in the submitting shell (the
+    head enables token auth; `ray job` sends the token only when its own environment says so)."""
+    bare = {k: v for k, v in world["env"].items() if not k.startswith("RAY_AUTH_")}
+    proc = subprocess.run([str(BIN / "ray"), "job", "list", "--address", cluster], env=bare, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "Authentication required" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_the_cluster_recipe_runs_as_written(world, cluster):
-    commands = scaled_down(recipe((ROOT / "README.md").read_text()))
+    commands = scaled_down(recipe(RECIPE_DOC.read_text()))
     env = {**world["env"], "RAY_ADDRESS": cluster}
     for command in commands:
         started = time.time()

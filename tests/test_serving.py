@@ -57,8 +57,10 @@ def served(ray_local, corpus, tmp_path_factory):
     no_miner = ServeConfig(checkpoint=corpus.checkpoint, token_tables=tuple(corpus.compressed_tables), auth_token_env=None,
                            reranker=DeploymentResources(num_cpus=0.25),
                            ingress=DeploymentResources(max_ongoing_requests=1, max_queued_requests=1))
+    # The ingress's own gate: one request in flight and no queue (Serve's limits out of its way).
+    gated = no_miner.replace(ingress=DeploymentResources(max_ongoing_requests=32, max_queued_requests=-1), admit_in_flight=1)
     with serving(("edje", "/", cfg), ("miner", "/miner", miner_only), ("nominer", "/nominer", no_miner),
-                 token=TOKEN) as (url, http):
+                 ("gated", "/gated", gated), token=TOKEN) as (url, http):
         yield url, http
 
 
@@ -416,28 +418,47 @@ def test_a_route_that_is_not_deployed_is_404_and_absent_from_openapi(served, cor
     assert r.status_code == 200, r.text
 
 
-def test_overload_is_refused_at_once_with_503_and_retry_after(served, corpus):
-    """Beyond the ingress's max_ongoing_requests + max_queued_requests, Serve's proxy answers 503 with Retry-After at
-    once instead of holding the request; the admitted ones are answered."""
-    url, _ = served
-    start = threading.Barrier(16)
+def _burst(url: str, corpus, n: int = 16) -> list:
+    """n rerank requests sent at once: (status, Retry-After, seconds, body) of each."""
+    start = threading.Barrier(n)
     body = {"query": corpus.captions[0], "documents": corpus.image_ids[:8]}
 
     def call(_):
         start.wait()
         t0 = time.perf_counter()
-        r = requests.post(url + "/nominer/v1/rerank", json=body, timeout=120)
+        r = requests.post(url, json=body, timeout=120)
         return r.status_code, r.headers.get("Retry-After"), time.perf_counter() - t0, r.text
 
-    with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(call, range(16)))
+    with ThreadPoolExecutor(n) as pool:
+        got = list(pool.map(call, range(n)))
     refused = [g for g in got if g[0] == 503]
     assert refused and any(g[0] == 200 for g in got), [g[:3] for g in got]
     assert {g[0] for g in got} <= {200, 503}, [g[:3] for g in got]
     assert all(g[1] == "1" for g in refused), refused  # ServeConfig.retry_after_s
-    assert all("backpressure" in g[3] for g in refused), refused[0][3]  # Serve's own refusal, not a failed request
     # Refused without waiting for the admitted requests (each holds the one ingress slot for a forward pass).
     assert max(g[2] for g in refused) < min(g[2] for g in got if g[0] == 200) + 0.5, [g[:3] for g in got]
+    return got
+
+
+def test_overload_is_refused_at_once_with_503_and_retry_after(served, corpus):
+    """Beyond the ingress's max_ongoing_requests + max_queued_requests, Serve's proxy answers 503 with Retry-After at
+    once instead of holding the request; the admitted ones are answered."""
+    got = _burst(served[0] + "/nominer/v1/rerank", corpus)
+    assert all("backpressure" in g[3] for g in got if g[0] == 503), got  # Serve's own refusal, not a failed request
+
+
+def test_the_ingress_gate_admits_its_limit_and_refuses_the_rest_at_once(served, corpus):
+    """With admit_in_flight, the ingress's own gate answers each request beyond its limit 503 with Retry-After at once
+    (no queue); a request that failed gives its slot back, and health is never gated."""
+    url = served[0] + "/gated"
+    got = _burst(url + "/v1/rerank", corpus)
+    assert all("1 requests in flight" in g[3] for g in got if g[0] == 503), got  # the gate's refusal, not Serve's
+    missing = requests.post(url + "/v1/rerank", json={"query": "q", "documents": ["nope"]}, timeout=60)
+    assert missing.status_code == 404, missing.text
+    for _ in range(3):  # one at a time, each is admitted: every slot taken by the burst and the 404 came back
+        r = requests.post(url + "/v1/rerank", json={"query": "q", "documents": corpus.image_ids[:2]}, timeout=60)
+        assert r.status_code == 200, r.text
+    assert requests.get(url + "/healthz", timeout=60).status_code == 200
 
 
 def _replicas_seen(url, http, corpus, n=24):

@@ -245,3 +245,53 @@ def test_a_replica_lost_twice_is_503_with_retry_after(api):
     finally:
         reranker.score_pairs = saved
     assert r.status_code == 503 and r.headers["Retry-After"] == "1" and "ActorDiedError" in r.json()["detail"], r.text
+
+
+def test_the_admission_gate_refuses_beyond_its_limit_at_once_and_frees_each_slot():
+    """AdmissionGate over an app whose requests wait on an event: with two in flight the third is 503 with Retry-After
+    at once, public paths pass, and each slot comes back when its request ends (a failed one too)."""
+    import asyncio
+
+    import httpx
+    from fastapi import FastAPI
+
+    from edje.serving.ingress import AdmissionGate
+
+    release, entered = asyncio.Event(), []
+    app = FastAPI()
+
+    @app.get("/slow")
+    async def slow():
+        entered.append(1)
+        await release.wait()
+        return {"ok": True}
+
+    @app.get("/fail")
+    async def fail():
+        raise ValueError("a handler that fails")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"ok": True}
+
+    gate = AdmissionGate(app, limit=2, retry_after_s=1.5, exempt=frozenset({"/healthz"}))
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=gate, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gate") as client:
+            held = [asyncio.ensure_future(client.get("/slow")) for _ in range(2)]
+            while len(entered) < 2:
+                await asyncio.sleep(0.001)
+            refused = await client.get("/slow")
+            health = await client.get("/healthz")
+            release.set()
+            answered = await asyncio.gather(*held)
+            failed = await client.get("/fail")
+            after = [await client.get("/healthz"), await client.get("/slow"), await client.get("/slow")]
+            return refused, health, answered, failed, after, gate.in_flight
+
+    refused, health, answered, failed, after, in_flight = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "2", refused.text
+    assert "2 requests in flight" in refused.json()["detail"]
+    assert health.status_code == 200 and [r.status_code for r in answered] == [200, 200]
+    assert failed.status_code == 500 and [r.status_code for r in after] == [200, 200, 200] and in_flight == 0

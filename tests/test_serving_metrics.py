@@ -115,7 +115,8 @@ def test_readyz_names_the_deployment_that_does_not_answer(tmp_path):
 
 
 def test_dashboard_and_readme_name_the_series_the_code_defines():
-    """docs/grafana_edje.json and README "Monitoring" query `ray_edje_*` series: each is one serve_metrics.py makes."""
+    """docs/grafana_edje.json and docs/operations.md "Monitoring" query `ray_edje_*` series: each is one serve_metrics.py
+    makes."""
     import json
     import re
 
@@ -123,9 +124,11 @@ def test_dashboard_and_readme_name_the_series_the_code_defines():
     assert {"edje_http_requests", "edje_forward_seconds", "edje_corpus_rows"} <= defined, defined
     dashboard = json.loads((ROOT / "docs/grafana_edje.json").read_text())
     exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
-    readme = (ROOT / "README.md").read_text()
-    monitoring = readme[readme.index("## Monitoring"):]
-    for where, text in (("dashboard", exprs), ("README", monitoring)):
+    operations = (ROOT / "docs/operations.md").read_text()
+    monitoring = operations[operations.index("## Monitoring"):]
+    end = monitoring.find("\n## ", 1)  # the section, up to the next one
+    monitoring = monitoring if end < 0 else monitoring[:end]
+    for where, text in (("dashboard", exprs), ("docs/operations.md", monitoring)):
         used = {re.sub(r"_(total|bucket|count|sum)$", "", m) for m in re.findall(r"\bray_(edje_\w+)", text)}
         assert used and used <= defined, (where, sorted(used - defined))
     assert defined <= {re.sub(r"_(total|bucket|count|sum)$", "", m) for m in re.findall(r"\bray_(edje_\w+)", monitoring)}
@@ -324,7 +327,7 @@ def test_requests_and_forward_passes_are_exported(served, corpus, metrics_port):
     samples = scrape(metrics_port)
     rows = {lab["deployment"]: v for name, lab, v in samples if name == "ray_edje_corpus_rows" and lab.get("application") == APP}
     assert rows == {"Reranker": len(corpus.image_ids), "FirstStage": len(corpus.image_ids)}
-    # Ray's own Serve series, named as README "Monitoring" says.
+    # Ray's own Serve series, named as docs/operations.md "Monitoring" says.
     http = [lab for name, lab, _ in samples if name == "ray_serve_num_http_requests_total"]
     assert total(samples, "ray_serve_num_http_requests_total", application=APP, status_code="200") > n, http
     assert total(samples, "ray_serve_deployment_processing_latency_ms_count", application=APP, deployment="Reranker") > 0

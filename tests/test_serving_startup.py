@@ -118,7 +118,7 @@ def test_serve_job_starts_under_cpu_load_and_binds_loopback(corpus, cpu_hogs, tm
 
 def test_serve_run_of_the_shipped_config_file(tmp_path):
     """`serve run serve_config.yaml` as shipped (only its port moved to a free one), after the one step its header
-    and the README name: `python -m edje.serving.random_corpus runs/serve-demo`, run where `serve run` then runs."""
+    and docs/operations.md name: `python -m edje.serving.random_corpus runs/serve-demo`, run where `serve run` then runs."""
     from edje.serving.random_corpus import caption_of
 
     step = subprocess.run([sys.executable, "-m", "edje.serving.random_corpus", "runs/serve-demo", "--images", "24"],
