@@ -226,7 +226,7 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipelin
     args = PRETRAIN + ["--tables", str(pipeline_tables), "--storage-path", str(storage), "--name", "survive",
                        "--ray-address", ray_local.get_runtime_context().gcs_address, "--adapter", "local",
                        "--max-failures", "2", *TINY_RUN]
-    args[args.index("--max-steps") + 1] = "30"  # long enough that the kill lands mid-run
+    args[args.index("--max-steps") + 1] = "14"  # long enough that the kill lands mid-run
     args += ["--epochs", "100"]
     log_path = tmp_path / "survive.log"
     with open(log_path, "w") as log:
@@ -242,7 +242,7 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipelin
     text = log_path.read_text()
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", text)]
     assert resumed and min(resumed) >= 2, text[-4000:]
-    assert _checkpoints(storage, "survive")[-1][0] == 30
+    assert _checkpoints(storage, "survive")[-1][0] == 14
 
 
 def test_flip_square_and_pointer_reach_the_worker(pipeline_tables, tmp_path, ray_local):
