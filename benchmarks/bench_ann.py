@@ -91,8 +91,8 @@ def main() -> int:
     import torch
 
     from edje import EDJEReranker
-    from edje.model.embedding_index import EmbeddingIndex
     from edje.schemas.shipped import DEFAULT_RERANKER
+    from edje.storage.embedding_index import EmbeddingIndex
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)  # on a shared machine, spinning OpenMP threads cost more than they give

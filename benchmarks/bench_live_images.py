@@ -184,8 +184,8 @@ def _replica(base: str, live_dir: str, config):
     """A reranker replica's start: its token store, then LiveImages over the live folder (which applies the log)."""
     import torch
 
-    from edje.model.token_store import TokenStore
     from edje.serving.live_images import LiveImages
+    from edje.storage.token_store import TokenStore
 
     t = time.perf_counter()
     store = TokenStore.load([base])
@@ -239,8 +239,8 @@ def _legacy(base: str, live_dir: str, meta, rows) -> dict:
     (temp + rename), one LOG line (fsync), the table read back and applied; at start, every table read."""
     import fcntl
 
-    from edje.model.token_store import TokenStore
     from edje.schemas.token_table import build_table_from_blobs, read_token_tables, write_token_table
+    from edje.storage.token_store import TokenStore
 
     store = TokenStore.load([base])
     os.makedirs(os.path.join(live_dir, "tables"))
@@ -340,8 +340,8 @@ def _sqlite(base: str, folder: str, meta, rows) -> dict:
 
     import pyarrow as pa
 
-    from edje.model.token_store import TokenStore
     from edje.schemas.token_table import build_table_from_blobs
+    from edje.storage.token_store import TokenStore
 
     os.makedirs(folder)
     path = os.path.join(folder, "live.db")

@@ -6,7 +6,7 @@ Per N it writes (or reuses) a synthetic corpus under WORKDIR/rows-N/tables: toke
 layout (`edje-c16-bind`: 16 tokens x 128 int8 + fp16 scales = 2,080 B per image, random bytes) and pooled
 embeddings drawn around 1,000 cluster centres (serving/random_corpus.py `write_synthetic_tables`), 100,000 rows
 per table so that memory stays flat. It builds the node's table cache and the first stage's IVF-PQ index ahead of
-serving (`python -m edje.model.table_cache`, timed: `cache_build_s`), then serves the corpus with `jobs/serve.py`
+serving (`python -m edje.storage.prebuild`, timed: `cache_build_s`), then serves the corpus with `jobs/serve.py`
 (a local Ray started by it, one Reranker and one FirstStage replica, IVF-PQ first stage) and measures: start-up
 (launch to healthy, `startup_s`), the resident memory of every Serve replica (VmRSS, RssAnon, RssFile from /proc
 after the load; the replica processes are found as descendants of the serve process), and `POST /v1/search`
@@ -56,7 +56,7 @@ def build_cache(tables_dir: Path, factory: str, nprobe: int) -> dict:
     started = time.time()
     # Passive OpenMP waits: FAISS's threads spinning at barriers on a shared 2-core machine cost more than they give.
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    out = subprocess.run([sys.executable, "-m", "edje.model.table_cache", str(tables_dir), "--index-factory", factory,
+    out = subprocess.run([sys.executable, "-m", "edje.storage.prebuild", str(tables_dir), "--index-factory", factory,
                           "--index-search-params", f"nprobe={nprobe}"],
                          capture_output=True, text=True, cwd=ROOT, env=env)
     if out.returncode:

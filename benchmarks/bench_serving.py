@@ -91,10 +91,10 @@ def bench_http(args, out: dict) -> None:
     from ray import serve
 
     from edje.model.edje import load_checkpoint, read_checkpoint_config
-    from edje.model.token_store import TokenStore
     from edje.serving.app import build
     from edje.serving.config import DeploymentResources, ServeConfig
     from edje.serving.random_corpus import write_random_corpus
+    from edje.storage.token_store import TokenStore
 
     work = tempfile.mkdtemp(prefix="bench-serving-")
     corpus = write_random_corpus(work, served_config(args.lm), num_images=args.images, num_tables=1, quantization="int8")

@@ -215,8 +215,8 @@ def kill_phase(args, base: str, table: str, caps: List[str], ids: List[str], pat
     from PIL import Image
     from ray import serve
 
-    from edje.model.shards import shard_of
     from edje.serving.app import build
+    from edje.storage.shards import shard_of
 
     live = workdir / "live-kill"
     shutil.rmtree(live, ignore_errors=True)  # a fresh log: the image added below is new (not a 409 from a past run)

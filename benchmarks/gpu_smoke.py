@@ -346,11 +346,11 @@ class Smoke:
 
         from edje.model.edje import load_checkpoint, read_checkpoint_config
         from edje.model.scoring import PairScorer
-        from edje.model.token_store import TokenStore
         from edje.sampleworld.world import annotation_path
         from edje.serving.first_stage import FirstStage
         from edje.serving.miner import Miner
         from edje.serving.reranker_core import PairChunk, score_chunks
+        from edje.storage.token_store import TokenStore
 
         check(self.int8_table is not None, "needs the int8 table of encode-int8")
         store = TokenStore.load([self.int8_table], read_checkpoint_config(self.checkpoint))

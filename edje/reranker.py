@@ -22,12 +22,12 @@ from PIL import Image
 
 from edje.model.device import pick_device
 from edje.model.edje import read_checkpoint_config
-from edje.model.hub import checkpoint_folder
 from edje.model.scoring import PairScorer
 from edje.model.token_encoder import EncodedImages, TokenEncoder
 from edje.schemas.config import BackboneConfig, CodecConfig, EDJEConfig, from_dict
 from edje.schemas.token_table import TableMetadata
 from edje.schemas.weights import find_weights
+from edje.storage.hub import checkpoint_folder
 
 # What a document may be: an image (PIL, bytes, a file path, an http(s) url) or an id of an opened token table.
 Document = Union[Image.Image, bytes, str, os.PathLike]
@@ -124,7 +124,7 @@ class EDJEReranker:
 
     def open_tables(self, paths: Sequence[str]) -> "EDJEReranker":
         """Open compressed token tables (the encode job's output for this checkpoint): their ids become documents."""
-        from edje.model.token_store import TokenStore
+        from edje.storage.token_store import TokenStore
 
         self._tables = TokenStore.load(list(paths), read_checkpoint_config(self.path))
         return self

@@ -26,7 +26,6 @@ from edje.evaluation.scene_pairs import pairs_by_scene
 from edje.model.backbone import VisionBackbone
 from edje.model.device import pick_device
 from edje.model.edje import load_checkpoint
-from edje.model.embedding_index import EmbeddingIndex
 from edje.model.ranking import RankingConfig, read_ranking, write_ranking
 from edje.model.recall import KS, i2t_answers, recall, t2i_answers
 from edje.model.scoring import PairScorer
@@ -36,6 +35,7 @@ from edje.schemas.annotations import Annotations, load_annotations
 from edje.schemas.codecs import TokenCodec
 from edje.schemas.config import CodecConfig
 from edje.schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
+from edje.storage.embedding_index import EmbeddingIndex
 
 
 @dataclass(frozen=True)
@@ -336,6 +336,10 @@ def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[Scene]]]
     return np.array([r["family_id"] for r in rows]), [scene_from_json(r) for r in rows]
 
 
+DIRECTIONS = (("t2i", "text→image"), ("i2t", "image→text"))
+STAGE_NAMES = {"first_stage": "first stage", "reranked_itm_only": "reranked, ITM alone", "reranked": "reranked"}
+
+
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
     """Recall before and after reranking, both directions, as a Markdown table."""
     what = "backbone only" if cfg.backbone_only else f"EDJE `{cfg.checkpoint}` reranking top {cfg.k}"
@@ -344,22 +348,13 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
     if cfg.quant:
         what += f", tokens {cfg.quant}"
     lines = [f"Retrieval on `{cfg.annotations}` ({n_images} images, {n_captions} captions); {what}.", "",
-             "| direction | stage | R@1 | R@5 | R@10 |", "| --- | --- | ---: | ---: | ---: |"]
-    for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
-        for stage in ("first_stage", "reranked_itm_only", "reranked"):
-            if stage not in metrics[d]:
-                continue
-            r = metrics[d][stage]
-            name = {"reranked_itm_only": "reranked, ITM alone", "reranked": "reranked"}.get(stage, "first stage")
-            lines.append(f"| {label} | {name} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} |")
-        gain = {k: metrics[d]["reranked"][k] - metrics[d]["first_stage"][k] for k in ("r1", "r5", "r10")}
-        lines.append(f"| {label} | gain | {gain['r1']:+.2f} | {gain['r5']:+.2f} | {gain['r10']:+.2f} |")
+             *recall_markdown(metrics, gain=True)]
     if "calibration" in metrics:
         c = metrics["calibration"]
         lines += ["", f"relevance_score ({'calibrated' if c['calibrated'] else 'sigmoid of the score, not calibrated'}) "
                   f"over the {c['pairs']} reranked pairs: mean {c['mean_p_true']} for true pairs, {c['mean_p_other']} "
                   f"for the other candidates; ECE {c['ece']}, log loss {c['log_loss']}."]
-    fam = [(d, metrics[d]["within_family"]) for d in ("t2i", "i2t") if "within_family" in metrics[d]]
+    fam = family_blocks(metrics)
     if fam:
         lines += ["", f"Binding: within-family accuracy in the top {cfg.k} (the right image/caption ranked above "
                   "its family's twins, among queries where both are in the top k).", "",
@@ -368,12 +363,51 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
             pct = [f"{f[s]['accuracy']:.2f}" if f[s]["accuracy"] is not None else "–" for s in ("first_stage", "reranked")]
             lines.append(f"| {d} | {pct[0]} | {pct[1]} | "
                          f"{f['first_stage']['queries']} / {f['reranked']['queries']} |")
+        lines += twin_markdown(metrics)
+    if "novel" in metrics:
+        lines += novel_markdown(metrics["novel"])
+    return "\n".join(lines) + "\n"
+
+
+def recall_markdown(block: Dict, family: bool = False, queries: bool = False, gain: bool = False) -> List[str]:
+    """Recall of each stage, both directions, of `block` (all queries or a subset) as Markdown table lines, with
+    columns for within-family accuracy and the query count, and a row for the reranking's gain, as asked."""
+    cols = ["R@1", "R@5", "R@10"] + ["within-family"] * family + ["queries"] * queries
+    lines = ["| direction | stage | " + " | ".join(cols) + " |", "| --- | --- |" + " ---: |" * len(cols)]
+    for d, label in DIRECTIONS:
+        for stage, name in STAGE_NAMES.items():
+            if stage not in block[d]:
+                continue
+            cells = [f"{block[d][stage][r]:.2f}" for r in ("r1", "r5", "r10")]
+            if family:
+                acc = block[d].get("within_family", {}).get(stage, {}).get("accuracy")
+                cells.append(f"{acc:.2f}" if acc is not None else "–")
+            if queries:
+                cells.append(str(block[d]["queries"]))
+            lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+        if gain:
+            cells = [f"{block[d]['reranked'][r] - block[d]['first_stage'][r]:+.2f}" for r in ("r1", "r5", "r10")]
+            lines.append(f"| {label} | gain | " + " | ".join(cells + [""] * (len(cols) - 3)) + " |")
+    return lines
+
+
+def family_blocks(block: Dict) -> List[Tuple[str, Dict]]:
+    """(direction, within-family metrics) of each direction of `block` that has them."""
+    return [(d, block[d]["within_family"]) for d, _ in DIRECTIONS if "within_family" in block[d]]
+
+
+def twin_markdown(block: Dict, subsets: Optional[str] = None) -> List[str]:
+    """Answer-versus-twin accuracy of `block` (all queries or a subset) per twin kind, and of the relation pairs per
+    subset, as Markdown lines; `subsets` (e.g. "side") keeps only the subsets of that label."""
+    fam = family_blocks(block)
+    # The kinds this world has (the shapes world's or the open world's), two swaps last as in KINDS.
+    kinds = [k for k in TWIN_KINDS if any(k in f.get("by_kind", {}).get("reranked", {}) for _, f in fam)]
+    lines: List[str] = []
+    if kinds:
         lines += ["", "Per twin kind: answer ranked above a twin whose scene differs from its own in that way alone "
                   "(pairs in the top k), first stage → reranked (pairs), with the reranked figure's 95 % interval "
-                  "(bootstrap over families).", ""]
-        # The kinds this world has (the shapes world's or the open world's), two swaps last as in KINDS.
-        kinds = [k for k in TWIN_KINDS if any(k in f.get("by_kind", {}).get("reranked", {}) for _, f in fam)]
-        lines += ["| direction | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
+                  "(bootstrap over families).", "",
+                  "| direction | " + " | ".join(kinds) + " |", "| --- |" + " ---: |" * len(kinds)]
         for d, f in fam:
             by = f.get("by_kind", {})
             cells = []
@@ -382,40 +416,27 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
                 cells.append(f"{a['accuracy']:.1f} → {b['accuracy']:.1f} ({b['pairs']}) [{b['ci95'][0]:.0f}, "
                              f"{b['ci95'][1]:.0f}]" if a and b else "–")
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
-        subsets = [(d, f.get("relation_subsets", {}).get("reranked", {})) for d, f in fam]
-        if any(s for _, s in subsets):
-            lines += ["", "Relation pairs by subset (reranked): accuracy [95 % interval] (pairs / families). "
-                      "\"same side\": both objects on one side of the image centre, where the subject's side alone "
-                      "does not decide the relation.", "", "| subset | " + " | ".join(d for d, _ in subsets) + " |",
-                      "| --- |" + " ---: |" * len(subsets)]
-            for name in sorted({n for _, s in subsets for n in s}):
-                cells = [f"{s[name]['accuracy']:.1f} [{s[name]['ci95'][0]:.0f}, {s[name]['ci95'][1]:.0f}] "
-                         f"({s[name]['pairs']} / {s[name]['families']})" if name in s else "–" for _, s in subsets]
-                lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if "novel" in metrics:
-        lines += novel_markdown(metrics["novel"])
-    return "\n".join(lines) + "\n"
-
-
-def novel_markdown(novel: Dict) -> List[str]:
-    """The novel-meaning counts and the figures over the queries whose answer is novel, as Markdown lines."""
-    lines = ["", f"Novel meanings: {novel['novel_images']} of {novel['images']} images have a scene whose meaning "
-             f"(`Scene.signature()`) is in no training scene, {novel['repeated_images']} ({novel['repeated_pct']:.1f} %) "
-             f"repeat one exactly; seen = {novel['against']}. Over the queries whose answer is novel:", "",
-             "| direction | stage | R@1 | R@5 | R@10 | within-family | queries |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
-        block = novel[d]
-        for stage in ("first_stage", "reranked_itm_only", "reranked"):
-            if stage not in block:
-                continue
-            r, fam = block[stage], block.get("within_family", {}).get(stage, {})
-            acc = f"{fam['accuracy']:.2f}" if fam.get("accuracy") is not None else "–"
-            name = {"reranked_itm_only": "reranked, ITM alone", "reranked": "reranked"}.get(stage, "first stage")
-            lines.append(f"| {label} | {name} | {r['r1']:.2f} | {r['r5']:.2f} | {r['r10']:.2f} | {acc} | "
-                         f"{block['queries']} |")
-    kinds = novel["t2i"].get("within_family", {}).get("by_kind", {}).get("reranked", {})
-    if kinds:
-        lines += ["", "Novel answers, per twin kind (text→image, reranked): " + ", ".join(
-            f"{kind} {v['accuracy']:.1f} ({v['pairs']})" for kind, v in kinds.items()) + "."]
+    split = [(d, f.get("relation_subsets", {}).get("reranked", {})) for d, f in fam]
+    names = sorted({n for _, s in split for n in s if subsets is None or n.startswith(f"{subsets}: ")})
+    if names:
+        lines += ["", "Relation pairs by subset (reranked): accuracy [95 % interval] (pairs / families). "
+                  "\"same side\": both objects on one side of the image centre, where the subject's side alone "
+                  "does not decide the relation.", "", "| subset | " + " | ".join(d for d, _ in split) + " |",
+                  "| --- |" + " ---: |" * len(split)]
+        for name in names:
+            cells = [f"{s[name]['accuracy']:.1f} [{s[name]['ci95'][0]:.0f}, {s[name]['ci95'][1]:.0f}] "
+                     f"({s[name]['pairs']} / {s[name]['families']})" if name in s else "–" for _, s in split]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
+
+
+def novel_markdown(novel: Dict, subsets: Optional[str] = None) -> List[str]:
+    """The novel-meaning counts and the figures over the queries whose answer is novel (`twin_markdown`'s with
+    `subsets`), as Markdown lines."""
+    counts = (f"Novel meanings: {novel['novel_images']} of {novel['images']} images have a scene whose meaning "
+              f"(`Scene.signature()`) is in no training scene, {novel['repeated_images']} "
+              f"({novel['repeated_pct']:.1f} %) repeat one exactly; seen = {novel['against']}.")
+    if not novel["t2i"]["queries"]:
+        return ["", f"{counts} No test image is novel: nothing to report over novel answers."]
+    return ["", f"{counts} Over the queries whose answer is novel:", "",
+            *recall_markdown(novel, family=True, queries=True), *twin_markdown(novel, subsets)]

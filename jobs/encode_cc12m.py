@@ -156,8 +156,8 @@ def main(argv=None) -> int:
     """Run the job; exit status 0 when every shard is committed, 1 otherwise (rerun to finish), 2 when a model
     cannot be had (one line says which and why)."""
     cfg = config_from_args(argv)
-    from edje.model.hub import CheckpointNotFound
     from edje.pipeline.job import IncompleteJobError, run_encode_job
+    from edje.storage.hub import CheckpointNotFound
 
     try:
         run_encode_job(cfg)

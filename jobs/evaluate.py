@@ -84,7 +84,7 @@ def main(argv=None) -> None:
                      group_size=a.group_size, backbone_pretrained=a.backbone_pretrained, batch_size=a.batch_size,
                      max_queries_per_image=a.max_queries_per_image, examples=a.examples, threads=a.threads,
                      device=a.device, novel_against=against)
-    from edje.model.hub import CheckpointNotFound
+    from edje.storage.hub import CheckpointNotFound
 
     try:
         evaluate(cfg)

@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import List, Optional
 
@@ -329,60 +329,27 @@ def rerank_request(world: Path, limit: Optional[int]):
     return target.captions[0], documents, target.image_id
 
 
-def print_recall_table(block: dict) -> None:
-    """Recall and within-family accuracy of each stage, both directions, of `block` (all queries or a subset)."""
-    # Within-family: the right image (caption) ranked above its binding twins, among queries whose
-    # top k holds both: what reranking is for (chance among a family of 4 is 25 %).
-    print(f"{'direction':<12}{'stage':<14}{'R@1':>8}{'R@5':>8}{'R@10':>8}{'within-family':>15}")
-    for d, label in (("t2i", "text→image"), ("i2t", "image→text")):
-        family = block[d].get("within_family", {})
-        for stage in ("first_stage", "reranked_itm_only", "reranked"):
-            if stage not in block[d]:
-                continue
-            r = block[d][stage]
-            name = {"first_stage": "first stage", "reranked_itm_only": "ITM alone"}.get(stage, "reranked")
-            acc = family.get(stage, {}).get("accuracy")
-            fam = f"{acc:>14.1f}%" if acc is not None else f"{'':>15}"
-            print(f"{label:<12}{name:<14}{r['r1']:>8.2f}{r['r5']:>8.2f}{r['r10']:>8.2f}{fam}")
+def recall_report(metrics: dict) -> str:
+    """Recall and within-family accuracy of each stage, both directions, by twin kind, and again over the novel
+    answers, as the Markdown tables of eval/metrics.md."""
+    from edje.evaluation.rerank_eval import novel_markdown, recall_markdown, twin_markdown
 
-
-def print_kinds(block: dict) -> None:
-    """Text-to-image twins told apart by twin kind, and the relation twins by side, of `block`."""
-    kinds = block["t2i"].get("within_family", {}).get("by_kind", {}).get("reranked", {})
-    if kinds:
-        print("text→image twins told apart (reranked; 95 % interval over families): " + ", ".join(
-            f"{k} {v['accuracy']:.1f}% [{v['ci95'][0]:.0f}, {v['ci95'][1]:.0f}]" for k, v in kinds.items()))
-        subsets = block["t2i"]["within_family"].get("relation_subsets", {}).get("reranked", {})
-        if subsets:
-            print("relation twins by subset: " + ", ".join(
-                f"{k.split(': ')[1]} {v['accuracy']:.1f}% ({v['pairs']} pairs)" for k, v in subsets.items()
-                if k.startswith("side")))
-
-
-def print_novel(novel: dict) -> None:
-    """How many test images repeat a training meaning, and the figures over the novel ones."""
-    print(f"\nNovel meanings: {novel['repeated_images']} of {novel['images']} test images "
-          f"({novel['repeated_pct']:.1f} %) have exactly the meaning of a training scene, {novel['novel_images']} "
-          f"are novel; seen = {novel['against']}.")
-    if not novel["t2i"]["queries"]:
-        print("no test image is novel: nothing to report over novel answers")
-        return
-    print(f"Over the queries whose answer is novel ({novel['t2i']['queries']} text→image, "
-          f"{novel['i2t']['queries']} image→text):")
-    print_recall_table(novel)
-    print_kinds(novel)
+    # Within-family: the right image (caption) ranked above its binding twins, among queries whose top k holds both:
+    # what reranking is for. Of the relation subsets, the side one: where the subject's side alone cannot decide.
+    lines = ["Recall on the sample world's test split (first stage = backbone embeddings via FAISS; within-family: "
+             "the right image ranked above its binding twins, chance among a family of 4 is 25 %):", "",
+             *recall_markdown(metrics, family=True), *twin_markdown(metrics, subsets="side")]
+    if "novel" in metrics:
+        lines += novel_markdown(metrics["novel"], subsets="side")
+    return "\n".join(lines)
 
 
 def print_report(metrics, query, documents, answer, response, raw, comp) -> None:
-    """Recall before/after and the top results of the rerank request, as plain tables."""
-    print("\nRecall on the sample world's test split (first stage = backbone embeddings via FAISS):")
-    print_recall_table(metrics)
-    print_kinds(metrics)
-    if "novel" in metrics:
-        print_novel(metrics["novel"])
+    """Recall before/after and the top results of the rerank request."""
+    print("\n" + recall_report(metrics))
     rule = metrics.get("ranking", {})
     if rule.get("first_stage_weight"):
-        print(f"(reranked = ITM logit + {rule['first_stage_weight']:g} x first-stage cosine, the checkpoint's rule, "
+        print(f"\n(reranked = ITM logit + {rule['first_stage_weight']:g} x first-stage cosine, the checkpoint's rule, "
               f"chosen on {rule.get('chosen_on')}; the server ranks the same way)")
     print(f"\nstorage: raw {raw['bytes_per_image']:,} B/image, compressed {comp['bytes_per_image']:,} B/image")
     print(f"\nPOST /v1/rerank  query: {query!r}  ({len(documents)} documents: the answer's family of twins + others)")
@@ -432,12 +399,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         checkpoint_held_out(a.checkpoint, required=a.held_out_mode is not None)
     except ValueError as e:
         p.error(str(e))
-    run(QuickstartConfig(output=a.output, seed=a.seed, checkpoint=a.checkpoint, backbone_weights=a.backbone_weights,
-                         quant=a.quant, k=a.k, queries_per_image=a.queries_per_image, pretrain_steps=a.pretrain_steps,
-                         num_cpus=a.num_cpus, test_images=a.test_images, keep_serving=a.keep_serving, port=a.port,
-                         same_side_rate=a.same_side_rate, train_world_seed=a.train_world_seed,
-                         train_world_n_train=a.train_world_n_train, train_world_n_val=a.train_world_n_val,
-                         held_out_mode=a.held_out_mode))
+    # Each option's dest is the config field of the same name: a new field needs only its option.
+    run(QuickstartConfig(**{f.name: getattr(a, f.name) for f in fields(QuickstartConfig)}))
     return 0
 
 

@@ -144,9 +144,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Deploy, wait for health (retrying a failed start), print where it listens."""
-    from edje.model.hub import CheckpointNotFound, hub_env
     from edje.serving.app import build, check_models
     from edje.serving.startup import ServeStartError, StartupConfig, init_ray, start_serve
+    from edje.storage.hub import CheckpointNotFound, hub_env
 
     args = parse(argv)
     cfg = config_from_args(args)

@@ -1,2 +1,3 @@
-"""Torch modules and the reranking core, installed as `edje.model`: backbone, adapters, joint encoder, scoring, the
-FAISS index and the token store it reads (ARCHITECTURE.md lists each module)."""
+"""Torch modules and the reranking core, installed as `edje.model`: backbone and its weights, adapters, joint encoder,
+scoring and ranking (ARCHITECTURE.md lists each module; the token store, the FAISS index and hub fetching are
+`edje.storage`)."""

@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from edje.model.hub import CheckpointNotFound, hub_file, hub_snapshot, snapshot_commit, unavailable
 from edje.schemas.config import BackboneConfig
 from edje.schemas.weights import check_weights, find_weights, weights_sha256
+from edje.storage.hub import CheckpointNotFound, hub_file, hub_snapshot, snapshot_commit, unavailable
 
 HF_HUB = "hf-hub:"
 CONFIG_FILE = "open_clip_config.json"

@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from edje.model.hub import hub_env
 from edje.pipeline import storage
 from edje.pipeline.decode import decode_batch
 from edje.pipeline.download import DownloadConfig, download_rows
@@ -34,6 +33,7 @@ from edje.pipeline.resume import plan_job
 from edje.pipeline.summary import build_summary
 from edje.pipeline.write import CarriedColumns, commit_shard, write_parts
 from edje.schemas.encode_job import FILE_FORMATS, EncodeJobConfig
+from edje.storage.hub import hub_env
 
 # CPU shares of the light stages. On a 2-CPU node one encoder actor takes a whole CPU; the
 # download/decode tasks and the part writer must still fit beside it or the pipeline stalls.

@@ -29,8 +29,8 @@ def check_tables(config: ServeConfig) -> None:
     if config.checkpoint is None:
         return
     from edje.model.edje import read_checkpoint_config
-    from edje.model.token_store import expected_from_checkpoint
     from edje.schemas.token_table import read_metadata
+    from edje.storage.token_store import expected_from_checkpoint
 
     want = expected_from_checkpoint(read_checkpoint_config(config.checkpoint))
     for path in config.token_tables:  # metadata only: no token bytes are read here

@@ -223,7 +223,7 @@ class ServeConfig:
 
     def live_dir_of(self, image_id: str) -> Optional[str]:
         """The live folder of the shard that owns an image id."""
-        from edje.model.shards import shard_of
+        from edje.storage.shards import shard_of
 
         return self.live_dir_of_shard(shard_of(image_id, self.shards))
 

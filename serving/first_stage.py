@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from edje.model.device import pick_device
-from edje.model.embedding_index import EmbeddingIndex, mapped_index
-from edje.model.shards import filter_shard
-from edje.model.table_cache import is_local
 from edje.schemas.token_table import TableMetadata, TableMismatchError, read_metadata, read_token_tables, vector_matrix
 from edje.serving.live_images import LiveLog, embeddings_of_tables
+from edje.storage.embedding_index import EmbeddingIndex, mapped_index
+from edje.storage.shards import filter_shard
+from edje.storage.table_cache import is_local
 
 log = logging.getLogger("ray.serve")
 
@@ -120,7 +120,7 @@ class FirstStage:
         self.device = pick_device(device)  # None: the GPU when this replica was given one
         if index_factory != "Flat" and is_local(token_tables):
             # Trained and saved once per node beside the memory-mapped embeddings, then read with IO_FLAG_MMAP:
-            # the replicas share its pages instead of each holding the codes (model/embedding_index.py).
+            # the replicas share its pages instead of each holding the codes (storage/embedding_index.py).
             self.index, meta = mapped_index(token_tables, index_factory, index_search_params, shard, num_shards,
                                             self.device)
             print(f"[first stage] {index_factory} {index_search_params}: memory-mapped {self.index.index_path} "

@@ -31,10 +31,10 @@ import torch
 
 from edje.model.image_decode import DECOMPRESSION_BOMB, ImageRejected, decode_image
 from edje.model.token_encoder import EncodedImages
-from edje.model.token_store import TokenBlobs
 from edje.schemas.token_table import TableMetadata, build_table_from_blobs, read_token_tables, vector_matrix
 from edje.serving.live_log import LOG_NAME, LiveLog, LiveLogConfig
 from edje.serving.live_sources import content_hash, default_image_id, keep_source
+from edje.storage.token_store import TokenBlobs
 
 log = logging.getLogger("ray.serve")
 

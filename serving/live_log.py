@@ -2,10 +2,9 @@
 
 A live folder (``live_dir``; one per shard) holds:
 
-- ``LOG``: the open segment. A header (magic ``EDJELOG1``, the Arrow schema of the served token tables with
-  their EDJE metadata, the segment's first sequence number), then one record per add: u32 payload length,
-  u32 crc32 of (sequence number + payload), u64 sequence number, the rows as one Arrow IPC record batch,
-  padded to 8 bytes. Appended under an exclusive ``flock`` on ``LOCK`` and fsync'd before the add answers.
+- ``LOG``: the open segment: a header naming its schema and first sequence number, then one checksummed record
+  per add (the bytes: serving/live_record.py). Appended under an exclusive ``flock`` on ``LOCK`` and fsync'd
+  before the add answers.
 - ``wal/<first seq>.wal``: sealed segments: LOG as it was when a compaction began (hard-linked, then a fresh
   LOG with only a header replaces it, so LOG never disappears).
 - ``parts/<first>-<last>.parquet``: compacted rows, at most ``part_rows`` rows and about ``part_bytes`` each,
@@ -36,43 +35,43 @@ segments still hold every row, after it ``through`` hides their records. A recor
 LOG (a writer that died mid-append) is skipped by readers and cut off, with a warning, by the next process
 that opens the folder or appends to it; the cut point is found by scanning LOG from its header under the
 exclusive lock. Legacy folders (a text ``LOG`` naming one Parquet table per image under ``tables/``) are folded
-into the log on first open.
+into the log on first open (serving/live_log_migration.py).
+
+``python -m edje.serving.live_log compact|files LIVE_DIR`` compacts a folder by hand, or counts its files.
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import functools
 import json
 import logging
 import os
-import struct
-import zlib
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from edje.schemas.token_table import METADATA_KEY, TableMetadata, read_token_tables, table_schema, write_token_table
+from edje.schemas.token_table import METADATA_KEY, TableMetadata, table_schema, write_token_table
+from edje.serving.durable_files import FileLock, NoLock, fsync_dir, fsync_file, write_atomic
+from edje.serving.live_crash import crash_point
+from edje.serving.live_log_migration import legacy_pending, migrate_legacy
+from edje.serving.live_record import (
+    BAD_LAST_RECORD,
+    LiveLogCorrupt,
+    decode,
+    first_of_each_id,
+    generation_of,
+    parse_header,
+    record,
+    scan,
+    segment_header,
+)
 
 log = logging.getLogger("ray.serve")
 
 LOG_NAME, LOCK_NAME, COMPACT_LOCK_NAME, MANIFEST_NAME = "LOG", "LOCK", "COMPACT.lock", "MANIFEST"
 WAL_DIR, PARTS_DIR, CORRUPT_DIR = "wal", "parts", "corrupt"
-LEGACY_LOG, LEGACY_TABLES = "LOG.v1", "tables"  # the one-table-per-image layout this log replaces
-MAGIC = b"EDJELOG1"
-HEAD = struct.Struct("<8sIIQ")  # magic, schema length, crc32 of the schema, first sequence number
-REC = struct.Struct("<IIQ")  # payload length, crc32 of (sequence number + payload), sequence number
-BAD_LAST_RECORD = "a complete last record whose checksum does not match"
-# Names the step a compaction dies at (os._exit(CRASH_EXIT)); set only by tests/test_live_log.py.
-CRASH_ENV, CRASH_EXIT = "EDJE_LIVE_LOG_CRASH_AT", 86
-CRASH_STEPS = ("linked", "rotated", "part_tmp", "part_renamed", "manifest_written", "segment_dropped",
-               "legacy_appended")
-
-
-class LiveLogCorrupt(RuntimeError):
-    """Bytes of the live log that no crash can leave (a bad header, a bad record followed by good ones)."""
 
 
 @dataclass(frozen=True)
@@ -120,71 +119,6 @@ class Cursor:
     schema: Optional[pa.Schema] = None
 
 
-def _crash_point(step: str) -> None:
-    """Die here when the test names this step (no cleanup: what a kill -9 leaves)."""
-    if os.environ.get(CRASH_ENV) == step:
-        os._exit(CRASH_EXIT)
-
-
-def _pad8(n: int) -> int:
-    """n rounded up to a multiple of 8 (records and batches stay 8-byte aligned for Arrow)."""
-    return (n + 7) & ~7
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename or unlink in a folder durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str) -> None:
-    """Make a file's bytes durable (a part written by write_token_table, before its rename)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write a whole file under its final name: temp file, fsync, rename, fsync the folder."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def segment_header(schema: pa.Schema, first_seq: int) -> bytes:
-    """The bytes a segment starts with."""
-    raw = schema.serialize().to_pybytes()
-    return HEAD.pack(MAGIC, len(raw), zlib.crc32(raw), first_seq) + raw + b"\0" * (_pad8(len(raw)) - len(raw))
-
-
-def parse_header(data: memoryview, where: str) -> Tuple[pa.Schema, int, int]:
-    """(schema, first sequence number, offset of the first record) of a segment's bytes."""
-    if len(data) < HEAD.size or bytes(data[:8]) != MAGIC:
-        raise LiveLogCorrupt(f"{where}: not a live log segment (no {MAGIC.decode()} header)")
-    _, n, crc, first = HEAD.unpack_from(data, 0)
-    raw = data[HEAD.size:HEAD.size + n]
-    if len(raw) < n or zlib.crc32(raw) != crc:  # headers are written whole (temp + rename): never torn
-        raise LiveLogCorrupt(f"{where}: damaged segment header")
-    return pa.ipc.read_schema(pa.py_buffer(bytes(raw))), first, HEAD.size + _pad8(n)
-
-
-def generation_of(fd: int, where: str) -> int:
-    """The generation (first sequence number) a segment's header names, read from an open file."""
-    head = os.pread(fd, HEAD.size, 0)
-    if len(head) < HEAD.size or head[:8] != MAGIC:
-        raise LiveLogCorrupt(f"{where}: not a live log segment (no {MAGIC.decode()} header)")
-    return HEAD.unpack(head)[3]
-
-
 def log_state(path: str) -> Tuple[int, int]:
     """(generation, size) of LOG; (0, 0) when there is none. One open, one 24-byte read, one fstat."""
     try:
@@ -193,49 +127,6 @@ def log_state(path: str) -> Tuple[int, int]:
         return 0, 0
     with f:
         return generation_of(f.fileno(), path), os.fstat(f.fileno()).st_size
-
-
-def record(seq: int, batch: pa.RecordBatch) -> bytes:
-    """One log record holding a batch of rows."""
-    payload = batch.serialize().to_pybytes()
-    seq_bytes = struct.pack("<Q", seq)
-    head = REC.pack(len(payload), zlib.crc32(payload, zlib.crc32(seq_bytes)), seq)
-    return head + payload + b"\0" * (_pad8(len(payload)) - len(payload))
-
-
-def scan(data: memoryview, start: int, where: str) -> Tuple[List[Tuple[int, int, int]], int, str]:
-    """Whole records from byte `start`: [(seq, payload start, payload end)], the offset after the last one, and
-    why the bytes after it are no record ('' when there are none; BAD_LAST_RECORD for a complete last record
-    whose checksum fails, which no torn write leaves)."""
-    out, pos, n = [], start, len(data)
-    while pos < n:
-        if n - pos < REC.size:
-            return out, pos, f"{n - pos} bytes of a record header"
-        length, crc, seq = REC.unpack_from(data, pos)
-        body = pos + REC.size
-        end = body + _pad8(length)
-        if end > n:  # a garbage length lands here too: past the end
-            return out, pos, f"a record of {length} bytes cut at {n - body}"
-        if zlib.crc32(data[pos + 8:body + length]) != crc:
-            if bytes(data[pos:]).count(0) == n - pos:
-                return out, pos, f"{n - pos} zero bytes (a size written before its data)"
-            if end == n:
-                return out, pos, BAD_LAST_RECORD
-            raise LiveLogCorrupt(f"{where}: record at byte {pos} fails its checksum and records follow it")
-        out.append((seq, body, body + length))
-        pos = end
-    return out, pos, ""
-
-
-def decode(data: memoryview, recs: Sequence[Tuple[int, int, int]], schema: pa.Schema, after: int
-           ) -> Tuple[List[Tuple[int, pa.RecordBatch]], int]:
-    """(seq, batch) of the records numbered above `after` (each number once), and the last number seen."""
-    out = []
-    for seq, a, b in recs:
-        if seq > after:
-            out.append((seq, pa.ipc.read_record_batch(pa.py_buffer(data[a:b]), schema)))
-            after = seq
-    return out, after
 
 
 def read_manifest(path: str) -> Tuple[Manifest, int]:
@@ -248,28 +139,6 @@ def read_manifest(path: str) -> Tuple[Manifest, int]:
     parts = [PartInfo(**p) for p in raw["parts"]]
     generation = raw.get("generation", 0)  # folders written before MANIFEST carried one
     return Manifest(raw["through"], parts, generation), generation
-
-
-class _FileLock:
-    """flock on a file: exclusive or shared, blocking or not (`acquired` says)."""
-
-    def __init__(self, path: str, exclusive: bool = True, blocking: bool = True):
-        self.path, self.mode = path, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB)
-        self.acquired = False
-
-    def __enter__(self):
-        self.f = open(self.path, "a")
-        try:
-            fcntl.flock(self.f.fileno(), self.mode)
-            self.acquired = True
-        except BlockingIOError:
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        if self.acquired:
-            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
-        self.f.close()
 
 
 @dataclass
@@ -308,9 +177,9 @@ class LiveLog:
         self.repairs: List[str] = []  # torn tails this object cut off (each also logged as a warning)
         self.corruptions: List[str] = []  # damaged records this object moved aside (each also logged as an error)
         self._broken: Optional[str] = None  # why appends are refused: a failed write could not be undone
-        if recover and self._legacy_pending():
+        if recover and legacy_pending(self.dir, self.path):
             with self.locked():
-                self._migrate_legacy()
+                migrate_legacy(self)
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -336,7 +205,7 @@ class LiveLog:
     def _poll(self, locked: bool, repair: bool) -> Optional[pa.Table]:
         # Reads happen under the lock (shared for readers): a writer holds it exclusively from its write through its
         # fsync, so a reader never sees a record before it is durable, nor bytes of a write in flight.
-        with (_nolock() if locked else _FileLock(self.lock_path, exclusive=False)):
+        with (NoLock() if locked else FileLock(self.lock_path, exclusive=False)):
             snap = self._snapshot()
         try:
             got, torn = self._read(snap)
@@ -352,7 +221,7 @@ class LiveLog:
             log_f = open(self.path, "rb")
         except FileNotFoundError:
             log_f = None
-        with (log_f or _nolock()):
+        with (log_f or NoLock()):
             gen = generation_of(log_f.fileno(), self.path) if log_f is not None else 0
             if gen == self.cursor.log_gen and self.cursor.schema is not None:
                 log_f.seek(self.cursor.log_off)
@@ -403,7 +272,7 @@ class LiveLog:
         """Cut what follows LOG's last whole record, found by scanning LOG from its header under the exclusive lock
         (never from a reader's offset: it may belong to a LOG that was replaced since). A torn write is cut with a
         warning; a complete record that fails its checksum is corruption: moved aside, counted, logged as an error."""
-        with (_nolock() if locked else self.locked()):
+        with (NoLock() if locked else self.locked()):
             try:
                 f = open(self.path, "r+b")
             except FileNotFoundError:
@@ -418,7 +287,7 @@ class LiveLog:
                 if why == BAD_LAST_RECORD:
                     os.makedirs(self.corrupt_dir, exist_ok=True)
                     kept = os.path.join(self.corrupt_dir, f"LOG-{generation_of(f.fileno(), self.path):016d}-at-{end}.bin")
-                    _write_atomic(kept, rest)
+                    write_atomic(kept, rest)
                     msg = (f"live log {self.path}: the record at byte {end} ({len(rest)} bytes) fails its checksum: "
                            f"damaged on disk; moved to {kept}")
                     log.error(msg)
@@ -478,9 +347,9 @@ class LiveLog:
 
     # -- writing --------------------------------------------------------------------------------------
 
-    def locked(self) -> _FileLock:
+    def locked(self) -> FileLock:
         """The exclusive lock over appends, rotations and commits, across processes (flock on LOCK)."""
-        return _FileLock(self.lock_path)
+        return FileLock(self.lock_path)
 
     def append(self, table: pa.Table) -> int:
         """Append a table's rows as one record and fsync it; returns its sequence number. Call under `locked()`
@@ -535,7 +404,7 @@ class LiveLog:
     def _create_log(self, first_seq: int) -> None:
         """A LOG with only its header, under its final name at once (the first append to a folder)."""
         header = segment_header(self.cursor.schema, first_seq)
-        _write_atomic(self.path, header)
+        write_atomic(self.path, header)
         self.cursor.log_gen, self.cursor.log_off, self.cursor.log_rows = first_seq, len(header), 0
 
     def wants_compaction(self) -> bool:
@@ -547,7 +416,7 @@ class LiveLog:
     def compact(self) -> Optional[dict]:
         """Fold LOG into parts (the module docstring); None when another process is compacting this folder.
         Never call it holding `locked()`."""
-        with _FileLock(os.path.join(self.dir, COMPACT_LOCK_NAME), blocking=False) as lock:
+        with FileLock(os.path.join(self.dir, COMPACT_LOCK_NAME), blocking=False) as lock:
             if not lock.acquired:
                 return None
             self._rotate()
@@ -570,10 +439,10 @@ class LiveLog:
             sealed = os.path.join(self.wal_dir, f"{first:016d}.wal")
             if not os.path.exists(sealed):  # else: a rotation cut short after its link (the name is the generation)
                 os.link(self.path, sealed)
-                _fsync_dir(self.wal_dir)
-            _crash_point("linked")
-            _write_atomic(self.path, segment_header(schema, recs[-1][0] + 1))
-            _crash_point("rotated")
+                fsync_dir(self.wal_dir)
+            crash_point("linked")
+            write_atomic(self.path, segment_header(schema, recs[-1][0] + 1))
+            crash_point("rotated")
 
     def _fold(self) -> Optional[dict]:
         """Sealed segments (and a small last part) -> new parts; commit MANIFEST; drop what it made redundant."""
@@ -598,7 +467,7 @@ class LiveLog:
                 old = reader._read_part(merged, f)
             new = pa.concat_tables([old, new])
             lo, hi = [merged.first] * old.num_rows + lo, [merged.last] * old.num_rows + hi
-        new, lo, hi = _first_of_each_id(new, lo, hi)
+        new, lo, hi = first_of_each_id(new, lo, hi)
         if merged is not None and new.num_rows == merged.rows:
             merged, parts = None, []  # every new row repeated an id of that part: nothing to write
         else:
@@ -631,12 +500,12 @@ class LiveLog:
             name = f"{first:016d}-{last:016d}.parquet"
             tmp = os.path.join(self.parts_dir, f".{name}.tmp")
             nbytes = write_token_table(chunk, tmp)
-            _crash_point("part_tmp")
-            _fsync_file(tmp)
+            crash_point("part_tmp")
+            fsync_file(tmp)
             os.replace(tmp, os.path.join(self.parts_dir, name))
-            _crash_point("part_renamed")
+            crash_point("part_renamed")
             out.append(PartInfo(name, first, last, chunk.num_rows, nbytes))
-        _fsync_dir(self.parts_dir)
+        fsync_dir(self.parts_dir)
         return out
 
     def _commit(self, old: Manifest, new: Optional[Manifest], segments: Sequence[str],
@@ -646,16 +515,16 @@ class LiveLog:
             if new is not None:
                 raw = json.dumps(dict(generation=new.generation, through=new.through,
                                       parts=[asdict(p) for p in new.parts]), indent=1)
-                _write_atomic(self.manifest_path, raw.encode())
-                _crash_point("manifest_written")
+                write_atomic(self.manifest_path, raw.encode())
+                crash_point("manifest_written")
             for path in segments:
                 os.unlink(path)
-                _crash_point("segment_dropped")
+                crash_point("segment_dropped")
             for part in replaced:
                 os.unlink(os.path.join(self.parts_dir, part.name))
             for d in (self.wal_dir, self.parts_dir):
                 if os.path.isdir(d):
-                    _fsync_dir(d)
+                    fsync_dir(d)
 
     def _drop_orphans(self, manifest: Manifest) -> None:
         """Remove parts MANIFEST does not name: the temp and renamed parts of a compaction that died before its
@@ -666,54 +535,6 @@ class LiveLog:
         for n in os.listdir(self.parts_dir):
             if n not in named:
                 os.unlink(os.path.join(self.parts_dir, n))
-
-    # -- the one-table-per-image layout ---------------------------------------------------------------
-
-    def _legacy_pending(self) -> bool:
-        """A text LOG of the one-table-per-image layout, or a move into the log that has not finished."""
-        if os.path.exists(os.path.join(self.dir, LEGACY_LOG)):
-            return True
-        try:
-            with open(self.path, "rb") as f:
-                return f.read(len(MAGIC)) != MAGIC
-        except FileNotFoundError:
-            return False
-
-    def _migrate_legacy(self) -> None:
-        """Append the legacy tables' rows the log lacks, then drop LOG.v1 and the tables (idempotent); under the lock."""
-        legacy = os.path.join(self.dir, LEGACY_LOG)
-        try:
-            with open(self.path, "rb") as f:
-                is_text = f.read(len(MAGIC)) != MAGIC
-            if is_text:
-                os.replace(self.path, legacy)  # LOG is the new log's name from here on
-                _fsync_dir(self.dir)
-        except FileNotFoundError:
-            pass
-        if not os.path.exists(legacy):
-            return
-        with open(legacy) as f:
-            names = [line.split("\t")[0] for line in f.read().split("\n") if line]
-        tables = os.path.join(self.dir, LEGACY_TABLES)
-        paths = [os.path.join(tables, n) for n in names]
-        if paths:
-            writer = LiveLog(self.dir, self.config, self.expected, recover=False)
-            have = writer._poll(locked=True, repair=True)
-            known = set(have.column("image_id").to_pylist()) if have is not None else set()
-            table, _ = read_token_tables(paths)
-            table, _, _ = _first_of_each_id(table, [0] * table.num_rows, [0] * table.num_rows, known)
-            for i in range(0, table.num_rows, 1000):
-                writer.append(table.slice(i, 1000))
-            log.warning("live log %s: %d images of the one-table-per-image layout moved into the log",
-                        self.dir, table.num_rows)
-        _crash_point("legacy_appended")
-        os.unlink(legacy)
-        _fsync_dir(self.dir)
-        for p in paths + ([os.path.join(tables, n) for n in os.listdir(tables)] if os.path.isdir(tables) else []):
-            if os.path.exists(p) and (p in paths or p.endswith(".tmp")):
-                os.unlink(p)
-        if os.path.isdir(tables) and not os.listdir(tables):
-            os.rmdir(tables)
 
     # -- the first stage's interface (serving/first_stage.py): size() and read() -----------------------
 
@@ -734,16 +555,6 @@ class LiveLog:
                     corrupt=_count(self.corrupt_dir, ".bin"))
 
 
-class _nolock:
-    """A stand-in for _FileLock when the caller already holds it."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _same_layout(a: pa.Schema, b: pa.Schema) -> bool:
     """Same columns and types, same EDJE metadata (compared as metadata, not as bytes: a release that adds a field
     with a default writes other bytes for the same table, and a folder must outlive an upgrade)."""
@@ -762,18 +573,6 @@ def _metadata(raw: bytes) -> TableMetadata:
 def _count(folder: str, suffix: str) -> int:
     """Files of a folder whose names end with `suffix` (0 when there is no folder)."""
     return len([n for n in os.listdir(folder) if n.endswith(suffix)]) if os.path.isdir(folder) else 0
-
-
-def _first_of_each_id(table: pa.Table, lo: List[int], hi: List[int], known: frozenset = frozenset()):
-    """Rows whose id is not in `known` nor earlier in the table, with their sequence ranges."""
-    seen, keep = set(known), []
-    for i, image_id in enumerate(table.column("image_id").to_pylist()):
-        if image_id not in seen:
-            seen.add(image_id)
-            keep.append(i)
-    if len(keep) == table.num_rows:
-        return table, lo, hi
-    return table.take(pa.array(keep, pa.int64())), [lo[i] for i in keep], [hi[i] for i in keep]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

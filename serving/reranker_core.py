@@ -19,10 +19,10 @@ import torch
 
 from edje.model.device import pick_device
 from edje.model.scoring import PairScorer, decode_blobs
-from edje.model.token_store import TokenBlobs, TokenStore
 from edje.schemas.token_table import TableMetadata
 from edje.serving.config import ServeConfig
 from edje.serving.live_images import AddResult, LiveImages, RejectedImage
+from edje.storage.token_store import TokenBlobs, TokenStore
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edje.model.shards import shard_of
+from edje.storage.shards import shard_of
 
 Call = Callable[..., Awaitable]
 log = logging.getLogger("ray.serve")

@@ -21,7 +21,7 @@ import os
 import urllib.parse
 from typing import Awaitable, Callable, Optional, Tuple
 
-from fastapi import FastAPI, HTTPException, Path, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Path, Request, Response
 from PIL import Image
 
 from edje.model.image_decode import ImageRejected, open_image, to_rgb
@@ -141,7 +141,7 @@ class Thumbnails:
         return data, url
 
 
-def add_thumbnail_route(app: FastAPI, thumbnails: Thumbnails, dependencies: list, responses: dict,
+def add_thumbnail_route(app: FastAPI | APIRouter, thumbnails: Thumbnails, dependencies: list, responses: dict,
                         max_id_chars: int) -> None:
     """GET /v1/images/{image_id}/thumbnail on `app` (behind the app's bearer token like every /v1 route)."""
 

@@ -10,7 +10,7 @@ from typing import Dict, List
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("edje", "model", "schemas", "sampleworld", "pipeline", "training", "evaluation", "serving", "jobs",
+FOLDERS = ("edje", "model", "storage", "schemas", "sampleworld", "pipeline", "training", "evaluation", "serving", "jobs",
            "benchmarks", "research")
 
 

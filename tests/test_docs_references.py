@@ -15,8 +15,8 @@ DOCS = ["README.md", "BENCHMARKS.md", "ARCHITECTURE.md"] + sorted(
 # Issue numbers may appear in model cards too (written from config.json by edje.evaluation.model_card).
 ISSUE_DOCS = DOCS + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "checkpoints").glob("*/README.md"))
 README_MAX_LINES = 200
-SCRIPT = re.compile(r"\b((?:benchmarks|jobs|training|evaluation|serving|model|sampleworld|pipeline|schemas|research)/[\w/]+\.py)\b")
-MODULE = re.compile(r"python -m edje\.((?:jobs|training|evaluation|serving|model|sampleworld|pipeline|schemas|research)(?:\.\w+)*)")
+SCRIPT = re.compile(r"\b((?:benchmarks|jobs|training|evaluation|serving|model|storage|sampleworld|pipeline|schemas|research)/[\w/]+\.py)\b")
+MODULE = re.compile(r"python -m edje\.((?:jobs|training|evaluation|serving|model|storage|sampleworld|pipeline|schemas|research)(?:\.\w+)*)")
 # "issue 38", "Issue 40 left", "issues 27 and 38", "issue #12", "the issue-27 goal", "(#40)", "#7": a tracker's number.
 # Not: colours (#1f77b4, #112233), markdown anchors (#10m-rows), HTTP statuses (HTTP 404), "sha256:#...".
 ISSUE = re.compile(r"\b[Ii]ssues?[ -]?#?\d+|(?<![\w&#/-])#\d{1,4}\b(?![-\w])")

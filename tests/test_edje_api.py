@@ -211,7 +211,7 @@ def test_crossencoder_flags_batch_size_progress_bar_and_max_length(reranker, tmp
 def test_from_pretrained_takes_a_hub_id_from_the_cache_offline(reranker, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from edje.model.hub import CheckpointNotFound
+    from edje.storage.hub import CheckpointNotFound
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     cache = tmp_path / "hub"

@@ -3,7 +3,7 @@ search, and serving from the codes once the kept copy is released."""
 import faiss
 import numpy as np
 
-from edje.model.embedding_index import EmbeddingIndex
+from edje.storage.embedding_index import EmbeddingIndex
 
 faiss.omp_set_num_threads(1)  # OpenMP threads spinning on a shared 2-core machine cost more than they give
 
@@ -41,3 +41,15 @@ def test_released_copy_serves_from_the_codes():
     assert np.array_equal(index.search(v[:10], 5, exclude=ids[:10])[1], before[1])
     index.add(["new"], v[:1])
     assert index.vectors(["new"])[0].shape == (1, v.shape[1]) and len(index) == len(v) + 1
+
+
+def test_new_indexes_skip_polysemous_training_and_answer_alike():
+    """No search here uses a Hamming pre-filter, so PQ codes are not trained for one (it cost 99 % of training)."""
+    from edje.storage.embedding_index import new_index
+
+    for factory in ("IVF16,PQ8", "PQ8"):
+        index = new_index(32, factory)
+        part = faiss.downcast_index(faiss.try_extract_index_ivf(index) or index)
+        assert part.do_polysemous_training is False, factory
+    assert faiss.downcast_index(faiss.extract_index_ivf(faiss.index_factory(32, "IVF16,PQ8"))).do_polysemous_training
+    assert new_index(32, "Flat").ntotal == 0

@@ -271,7 +271,7 @@ def test_compress_raw_tables_equals_encoding_with_the_adapter(url_path, ray_loca
                                vector_matrix(want.column("image_embedding")), rtol=1e-5, atol=1e-6)
     # the raw tables' kept columns come along with their types; each table names where it came from
     assert got.schema.field("punsafe").type == pa.float32() and got.schema.field("similarity").type == pa.float64()
-    from edje.model.token_store import TokenStore  # serving, likewise
+    from edje.storage.token_store import TokenStore  # serving, likewise
 
     store = TokenStore.load(summary["tables"], mapped=False)
     assert len(store) == 64 and store.gather(got.column("image_id").to_pylist()[:2]).shape == (2, 16, got_meta.width)

@@ -337,6 +337,7 @@ def test_novel_against_splits_every_figure_by_the_answer_images_meaning(tiny_wor
     md = (tmp_path / "a" / "metrics.md").read_text()
     assert "Novel meanings: 16 of 32 images" in md and "16 (50.0 %) repeat one exactly" in md
     assert "| text→image | reranked |" in md.split("Novel meanings")[1]
+    assert "Per twin kind" in md.split("Novel meanings")[1]  # the same per-kind table as for all answers
 
 
 def test_novel_against_needs_the_world_beside_the_annotations(tiny_world, tiny_ckpt, tmp_path):

@@ -17,9 +17,9 @@ from hub_server import LoopbackHub
 
 from edje.model.backbone import VisionBackbone, default_feature_layer
 from edje.model.backbone_weights import pin, resolve
-from edje.model.hub import CheckpointNotFound, hub_env
 from edje.schemas.config import BackboneConfig
 from edje.schemas.shipped import REPO_ROOT, SHIPPED_BACKBONE_WEIGHTS
+from edje.storage.hub import CheckpointNotFound, hub_env
 from edje.training.language_model import pack, resolve_language_model, unpack
 
 SHIPPED = REPO_ROOT / SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit"]

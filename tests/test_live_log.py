@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from edje.model.token_encoder import EncodedImages
-from edje.model.token_store import TokenStore
 from edje.schemas.token_table import (
     TableMetadata,
     blob_matrix,
@@ -31,19 +30,12 @@ from edje.schemas.token_table import (
     vector_matrix,
     write_token_table,
 )
+from edje.serving.live_crash import CRASH_ENV, CRASH_EXIT, CRASH_STEPS
 from edje.serving.live_images import LiveImages, embeddings_of_tables, live_rows
-from edje.serving.live_log import (
-    CRASH_ENV,
-    CRASH_EXIT,
-    CRASH_STEPS,
-    LEGACY_LOG,
-    MAGIC,
-    LiveLog,
-    LiveLogConfig,
-    LiveLogCorrupt,
-    read_manifest,
-    scan,
-)
+from edje.serving.live_log import LiveLog, LiveLogConfig, read_manifest
+from edje.serving.live_log_migration import LEGACY_LOG
+from edje.serving.live_record import MAGIC, LiveLogCorrupt, scan
+from edje.storage.token_store import TokenStore
 
 REPO = Path(__file__).resolve().parent.parent
 META = TableMetadata(kind="compressed", backbone="edje-tiny-convvit", pretrained=None, feature_layer="last",
@@ -200,7 +192,7 @@ def test_a_compaction_killed_at_any_step_loses_nothing(tmp_path, step):
 def _log_end_of_records(path: Path) -> list:
     """Byte offsets where LOG's records end (after the header)."""
     data = memoryview(path.read_bytes())
-    from edje.serving.live_log import parse_header
+    from edje.serving.live_record import parse_header
     _, _, start = parse_header(data, str(path))
     recs, _, _ = scan(data, start, str(path))
     return [b + (-(b - a) % 8) for _, a, b in recs]
@@ -542,7 +534,7 @@ def _as_an_older_release_wrote_it(table: pa.Table) -> pa.Table:
 def test_a_folder_an_older_release_wrote_is_read_and_appended_to(tmp_path):
     import pyarrow.parquet as pq
 
-    from edje.serving.live_log import record, segment_header
+    from edje.serving.live_record import record, segment_header
 
     older = _as_an_older_release_wrote_it(_rows(["o0", "o1", "o2"]))
     (tmp_path / "parts").mkdir()

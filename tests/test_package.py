@@ -52,7 +52,7 @@ def test_the_wheel_installs_exactly_one_top_level_name(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"edje"}, top
     # the design card's folders travel inside it, with their data files
-    for part in ("pipeline", "serving", "schemas", "model", "training", "jobs", "evaluation", "sampleworld"):
+    for part in ("pipeline", "serving", "schemas", "model", "storage", "training", "jobs", "evaluation", "sampleworld"):
         assert f"edje/{part}/__init__.py" in names
     assert "edje/serving/ui/index.html" in names and any(n.startswith("edje/model/configs/") for n in names)
     assert {"edje/sampleworld/open_assets/sprites.png", "edje/sampleworld/open_assets/OFL.txt"} <= set(names)

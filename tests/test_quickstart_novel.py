@@ -125,18 +125,33 @@ def test_the_world_step_makes_only_and_exclude_worlds(tmp_path):
     assert qs.world_config(qs.QuickstartConfig(seed=3), tuple(COMBOS)) == WorldConfig(seed=3, same_side_rate=0.25)
 
 
-def test_the_report_prints_the_novel_split(capsys):
+def test_the_report_gives_the_novel_split_in_the_evaluations_tables():
     stage = {"r1": 50.0, "r5": 100.0, "r10": 100.0}
-    fam = {"first_stage": {"accuracy": 25.0, "queries": 4}, "reranked": {"accuracy": 75.0, "queries": 4}}
+    pairs = {"accuracy": 80.0, "pairs": 5, "families": 2, "ci95": [60.0, 100.0]}
+    fam = {"first_stage": {"accuracy": 25.0, "queries": 4}, "reranked": {"accuracy": 75.0, "queries": 4},
+           "by_kind": {"first_stage": {"relation": pairs}, "reranked": {"relation": pairs}},
+           "relation_subsets": {"reranked": {"side: same side": pairs, "axis: vertical": pairs}}}
     block = {"queries": 4, "first_stage": stage, "reranked": stage, "within_family": fam}
-    qs.print_novel({"against": "the train split of world 100", "images": 10, "novel_images": 4,
-                    "repeated_images": 6, "repeated_pct": 60.0, "t2i": block, "i2t": block})
-    out = capsys.readouterr().out
-    assert "6 of 10 test images (60.0 %) have exactly the meaning of a training scene, 4 are novel" in out
-    assert "text→image  reranked         50.00" in out and "75.0%" in out
-    qs.print_novel({"against": "w", "images": 2, "novel_images": 0, "repeated_images": 2, "repeated_pct": 100.0,
-                    "t2i": {"queries": 0}, "i2t": {"queries": 0}})
-    assert "no test image is novel" in capsys.readouterr().out
+    novel = {"against": "the train split of world 100", "images": 10, "novel_images": 4, "repeated_images": 6,
+             "repeated_pct": 60.0, "t2i": block, "i2t": block}
+    out = qs.recall_report({"t2i": block, "i2t": block, "novel": novel})
+    assert "| text→image | reranked | 50.00 | 100.00 | 100.00 | 75.00 |" in out  # within-family beside recall
+    assert "Novel meanings: 4 of 10 images" in out and "6 (60.0 %) repeat one exactly" in out
+    assert "| text→image | reranked | 50.00 | 100.00 | 100.00 | 75.00 | 4 |" in out.split("Novel meanings")[1]
+    # by twin kind and, of the relation subsets, the side ones, for all answers and again for the novel ones
+    assert out.count("| t2i | 80.0 → 80.0 (5) [60, 100] |") == 2 and out.count("| side: same side | 80.0 [60, 100]") == 2
+    assert "axis: vertical" not in out
+    none = {**novel, "novel_images": 0, "repeated_images": 10, "t2i": {"queries": 0}, "i2t": {"queries": 0}}
+    assert "No test image is novel" in qs.recall_report({"t2i": block, "i2t": block, "novel": none})
+
+
+def test_every_option_reaches_the_config(monkeypatch):
+    runs = []
+    monkeypatch.setattr(qs, "run", runs.append)
+    qs.main([])
+    qs.main(["--seed", "5", "--test-images", "40", "--train-world-seed", "none", "--keep-serving", "--quant", "int4"])
+    assert runs[0] == qs.QuickstartConfig()
+    assert runs[1] == qs.QuickstartConfig(seed=5, test_images=40, train_world_seed=None, keep_serving=True, quant="int4")
 
 
 @pytest.mark.slow

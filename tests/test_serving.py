@@ -372,7 +372,7 @@ def _valid_requests(corpus):
 def test_every_route_checks_the_token_before_anything_else(served, corpus):
     """Generated from the app's own route table (its OpenAPI paths): 401 without the right token whatever the
     body (auth runs before validation), success with it."""
-    from edje.serving.ingress import PUBLIC_PATHS
+    from edje.serving.http_guards import PUBLIC_PATHS
 
     url, http = served
     spec = requests.get(url + "/openapi.json").json()

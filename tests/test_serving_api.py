@@ -255,7 +255,7 @@ def test_the_admission_gate_refuses_beyond_its_limit_at_once_and_frees_each_slot
     import httpx
     from fastapi import FastAPI
 
-    from edje.serving.ingress import AdmissionGate
+    from edje.serving.http_guards import AdmissionGate
 
     release, entered = asyncio.Event(), []
     app = FastAPI()

@@ -10,7 +10,6 @@ from conftest import int8_half_step
 
 from edje.model.edje import load_checkpoint, read_checkpoint_config
 from edje.model.scoring import decode_blobs
-from edje.model.token_store import TokenStore, UnknownImageIds
 from edje.schemas.annotations import load_annotations
 from edje.schemas.token_table import (
     TableMetadata,
@@ -26,6 +25,7 @@ from edje.serving.config import DeploymentResources, ServeConfig
 from edje.serving.first_stage import EmbeddingIndex
 from edje.serving.miner import CaptionCorpus, HardNegativeMiner, load_caption_corpus
 from edje.serving.random_corpus import write_random_corpus
+from edje.storage.token_store import TokenStore, UnknownImageIds
 from edje.training.miner_client import MinedNegatives, neighbour_batch
 
 

@@ -4,8 +4,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORES = ["edje.serving.reranker_core", "edje.serving.first_stage", "edje.serving.miner", "edje.model.token_store",
-         "edje.serving.live_images", "edje.model.scoring", "edje.model.token_encoder", "edje.model.embedding_index", "edje"]
+CORES = ["edje.serving.reranker_core", "edje.serving.first_stage", "edje.serving.miner", "edje.storage.token_store",
+         "edje.serving.live_images", "edje.model.scoring", "edje.model.token_encoder", "edje.storage.embedding_index", "edje"]
 
 
 def test_cores_import_no_ray_serve():

@@ -44,7 +44,7 @@ def test_request_metrics_label_by_route_template_and_count_every_status():
     from fastapi import FastAPI, HTTPException
     from fastapi.testclient import TestClient
 
-    from edje.serving.ingress import BearerAuth
+    from edje.serving.http_guards import BearerAuth
     from edje.serving.serve_metrics import OTHER_ROUTE, RequestMetrics
 
     app = FastAPI()

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import requests
 
-from edje.model.shards import filter_shard, shard_of
 from edje.serving.shards import merge_hits
 from edje.serving.startup import StartupConfig
+from edje.storage.shards import filter_shard, shard_of
 
 # The project's Serve proxy health checks (serving.startup): a local Ray started here inherits them.
 os.environ.update(StartupConfig().env())
@@ -42,7 +42,7 @@ def test_shard_of_does_not_depend_on_the_process():
     import subprocess
     import sys
 
-    code = "from edje.model.shards import shard_of; print([shard_of(f'x{i}', 5) for i in range(20)])"
+    code = "from edje.storage.shards import shard_of; print([shard_of(f'x{i}', 5) for i in range(20)])"
     root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout for seed in ("1", "2")}

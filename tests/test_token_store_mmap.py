@@ -1,4 +1,4 @@
-"""The memory-mapped token store and first-stage index (model/table_cache.py): the same rows as the in-RAM store,
+"""The memory-mapped token store and first-stage index (storage/table_cache.py): the same rows as the in-RAM store,
 no token bytes read at start-up, no half-built cache ever used, other models' tables refused, and a saved IVF-PQ
 index read back with IO_FLAG_MMAP answering like the one built in RAM."""
 from __future__ import annotations
@@ -16,9 +16,6 @@ import numpy as np
 import pytest
 
 from edje.model.edje import read_checkpoint_config
-from edje.model.embedding_index import EmbeddingIndex, mapped_index
-from edje.model.table_cache import CacheConfig, ImageIds, RowFile, open_tables
-from edje.model.token_store import TokenStore
 from edje.schemas.token_table import TableMismatchError, build_table_from_blobs, write_token_table
 from edje.serving.random_corpus import (
     SyntheticRows,
@@ -28,6 +25,9 @@ from edje.serving.random_corpus import (
     write_random_corpus,
     write_synthetic_tables,
 )
+from edje.storage.embedding_index import EmbeddingIndex, mapped_index
+from edje.storage.table_cache import CacheConfig, ImageIds, RowFile, open_tables
+from edje.storage.token_store import TokenStore
 
 faiss.omp_set_num_threads(1)  # OpenMP threads spinning on a shared 2-core machine cost more than they give
 BIG_ROWS = 40_000  # 40,000 x 2,080 B = 83 MB of token rows: start-up must not read them
@@ -97,8 +97,8 @@ def status():
     d = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)
     io = dict(l.split(':', 1) for l in open('/proc/self/io'))
     return int(d['VmRSS'].split()[0]) * 1024, int(io['rchar']), int(io['read_bytes'])
-from edje.model.table_cache import CacheConfig
-from edje.model.token_store import TokenStore
+from edje.storage.table_cache import CacheConfig
+from edje.storage.token_store import TokenStore
 import numpy as np
 before = status()
 store = TokenStore.load({list(paths)!r}, mapped={mapped}, cache=CacheConfig(root={cache_root!r}))
@@ -132,7 +132,7 @@ def test_a_half_built_cache_is_never_used(big, tmp_path):
     paths, meta = big
     root = str(tmp_path / "cache")
     code = f"""
-from edje.model.table_cache import CacheConfig, open_tables
+from edje.storage.table_cache import CacheConfig, open_tables
 from edje.schemas.token_table import read_metadata
 paths = {list(paths)!r}
 open_tables(paths, read_metadata(paths[0]), ["tokens", "token_scales", "image_embedding", "url"],
@@ -242,6 +242,6 @@ def test_image_ids_lookup_cannot_alias_other_ids():
     ids.extend(["new", "a"])
     assert ids.get("new") == 4 and ids.get("a") == 0 and len(ids) == 6 and ids[5] == "a"
     with pytest.raises(ValueError, match="NUL"):
-        from edje.model.table_cache import id_array
+        from edje.storage.table_cache import id_array
 
         id_array(["ok", "bad\0"])

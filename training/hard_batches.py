@@ -12,7 +12,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from edje.model.embedding_index import EmbeddingIndex
+from edje.storage.embedding_index import EmbeddingIndex
 
 
 def neighbour_clusters(emb: np.ndarray, cluster_size: int, rng: np.random.Generator) -> List[np.ndarray]:

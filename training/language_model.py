@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from edje.model.hub import CheckpointNotFound, hub_snapshot, is_repo_id, unavailable
+from edje.storage.hub import CheckpointNotFound, hub_snapshot, is_repo_id, unavailable
 
 # What BertConfig, a BERT tokenizer and BertForMaskedLM read from a folder (the weights last: one format is enough).
 CONFIG_FILES: Tuple[str, ...] = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

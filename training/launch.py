@@ -12,8 +12,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import fsspec
 
-from edje.model.hub import CheckpointNotFound, hub_env
 from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata, read_token_table
+from edje.storage.hub import CheckpointNotFound, hub_env
 from edje.training.caption_rewrites import VERTICAL, FlipBalance
 from edje.training.config import OBJECTIVES, ModelSpec, TrainJobConfig
 from edje.training.language_model import pack, resolve_language_model

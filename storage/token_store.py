@@ -3,7 +3,7 @@
 The store keeps the *encoded* blobs (uint8, plus fp16 scales for int8/int4) so that the corpus stays at its stored
 size; each reranker replica opens one (serving.reranker_core) and decodes what it gathers with the table's codec on
 its own device (`edje.model.scoring.decode_blobs`). Local tables are served from memory-mapped files built once per
-node beside them (model/table_cache.py): start-up reads the ids' file header, not the blobs, and every replica on the
+node beside them (storage/table_cache.py): start-up reads the ids' file header, not the blobs, and every replica on the
 node shares the page cache's one copy. Tables that do not match the served checkpoint are refused at start-up with
 the field named (TableMismatchError), before any cache is built or opened.
 """
@@ -17,7 +17,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from edje.model.table_cache import (
+from edje.schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, vector_matrix
+from edje.storage.table_cache import (
     TOKEN_COLUMNS,
     CacheConfig,
     ImageIds,
@@ -27,7 +28,6 @@ from edje.model.table_cache import (
     open_tables,
     read_columns,
 )
-from edje.schemas.token_table import TableMetadata, TableMismatchError, blob_matrix, read_metadata, vector_matrix
 
 log = logging.getLogger("ray.serve")
 
@@ -71,7 +71,7 @@ class TokenStore:
     """The rows of some token tables, by image id: blobs, scales, embeddings and urls, memory-mapped or in RAM.
 
     Row r of every column belongs to `image_ids[r]` (sorted, unique); rows added later (live images) follow them,
-    in RAM. Local tables are served from memory-mapped files (model/table_cache.py): start-up reads no token bytes,
+    in RAM. Local tables are served from memory-mapped files (storage/table_cache.py): start-up reads no token bytes,
     and the replicas of a node share one copy in the page cache. Remote tables are read into RAM."""
 
     def __init__(self, meta: TableMetadata, tables: MappedTables, paths: Sequence[str] = ()):

@@ -8,7 +8,7 @@ search-time parameters as `faiss.ParameterSpace` takes them ("nprobe=16"). `reca
 approximate index loses against exact search of the same vectors.
 
 `mapped_index` serves a large corpus without holding it: the embeddings come memory-mapped from the table cache
-(model/table_cache.py), the trained index is saved there once and read back with `faiss.IO_FLAG_MMAP` (as
+(storage/table_cache.py), the trained index is saved there once and read back with `faiss.IO_FLAG_MMAP` (as
 clip-retrieval's `enable_faiss_memory_mapping`), so its inverted lists stay in the page cache, shared by every
 replica of the node. Rows added later (live images) go to a small exact index beside it.
 """
@@ -26,8 +26,8 @@ import faiss
 import numpy as np
 import torch
 
-from edje.model.table_cache import CacheConfig, ImageIds, locked, open_tables
 from edje.schemas.token_table import TableMetadata, read_metadata
+from edje.storage.table_cache import CacheConfig, ImageIds, locked, open_tables
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,7 @@ $EDJE_TABLE_CACHE or `.edje-cache/` beside the first table (`~/.cache/edje/table
 Each file is written under a temporary name and renamed when complete, under a lock (one builder per node; the
 other replicas wait, then map what it wrote): a crashed build leaves only a temporary file, which no reader opens
 and the next build removes. Remote tables (s3://...) are read into RAM by the same two passes (`read_columns`).
-
-    python -m edje.model.table_cache TABLES... [--shards N] [--index-factory IVF1024,PQ32np]   # build ahead of serving
+`python -m edje.storage.prebuild` builds the folders ahead of serving (storage/prebuild.py).
 """
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from edje.model.shards import shard_of
-from edje.schemas.token_table import TableMetadata, blob_matrix, read_metadata, vector_matrix
+from edje.schemas.token_table import TableMetadata, blob_matrix, vector_matrix
+from edje.storage.shards import shard_of
 
 log = logging.getLogger(__name__)
 
@@ -611,37 +610,3 @@ def _commit(path: str, write: Callable) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Build the token store's (and optionally the first stage's) mapped files ahead of serving."""
-    import argparse
-
-    from edje.schemas.token_table import expand_paths
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("tables", nargs="+", help="token tables, folders or globs (local)")
-    p.add_argument("--shards", type=int, default=1)
-    p.add_argument("--columns", nargs="+", default=list(TOKEN_COLUMNS))
-    p.add_argument("--index-factory", help="also train and save the first stage's FAISS index (e.g. IVF1024,PQ32)")
-    p.add_argument("--index-search-params", default="", help="its search parameters for the recall printed (nprobe=16)")
-    p.add_argument("--cache-dir")
-    args = p.parse_args(argv)
-    paths = expand_paths(args.tables)
-    meta = read_metadata(paths[0])
-    config = CacheConfig(root=args.cache_dir)
-    for s in range(args.shards):
-        started = time.time()
-        tables = open_tables(paths, meta, args.columns, s, args.shards, config)
-        out = dict(shard=s, folder=tables.folder, rows=len(tables.ids), seconds=round(time.time() - started, 1))
-        if args.index_factory:
-            from edje.model.embedding_index import mapped_index
-
-            index, _ = mapped_index(paths, args.index_factory, args.index_search_params, s, args.shards, cache=config)
-            out["index"] = index.build_info
-        print(json.dumps(out), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
