@@ -349,3 +349,24 @@ def test_a_shard_keeps_answering_when_one_of_its_replicas_is_killed(ray_local, t
         negatives = [n for row in r.json()["negatives"] for n in row["negative_images"]]
         assert all(n["itm_logit"] is not None for n in negatives)
         assert {shard_of(n["image_id"], 2) for n in negatives} == {0, 1}
+
+
+def test_prebuild_writes_each_shards_cache_and_index_ahead_of_serving(random_corpus, tmp_path):
+    """`python -m edje.storage.prebuild` as the docs run it: one line per shard, the shards' rows make the corpus,
+    and each shard's index is built over its own rows; a second run finds everything built."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "edje.storage.prebuild", *random_corpus.compressed_tables, "--shards", "2",
+           "--cache-dir", str(tmp_path / "cache"), "--index-factory", "IVF4,Flat"]
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append([json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")])
+    first, again = runs
+    assert [r["shard"] for r in first] == [0, 1]
+    assert sum(r["rows"] for r in first) == len(random_corpus.image_ids) and all(r["rows"] for r in first)
+    assert all(r["index"] for r in first)
+    assert [(r["folder"], r["rows"]) for r in again] == [(r["folder"], r["rows"]) for r in first]
