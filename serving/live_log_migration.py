@@ -20,10 +20,8 @@ log = logging.getLogger("ray.serve")
 LEGACY_LOG, LEGACY_TABLES = "LOG.v1", "tables"  # the one-table-per-image layout this log replaces
 
 
-def legacy_pending(live_dir: str, log_path: str) -> bool:
-    """A text LOG of the one-table-per-image layout, or a move into the log that has not finished."""
-    if os.path.exists(os.path.join(live_dir, LEGACY_LOG)):
-        return True
+def _text_log(log_path: str) -> bool:
+    """Whether LOG is the one-table-per-image layout's text file (False when there is no LOG)."""
     try:
         with open(log_path, "rb") as f:
             return f.read(len(MAGIC)) != MAGIC
@@ -31,18 +29,21 @@ def legacy_pending(live_dir: str, log_path: str) -> bool:
         return False
 
 
+def legacy_pending(live_dir: str, log_path: str) -> bool:
+    """A text LOG of the one-table-per-image layout, or a move into the log that has not finished."""
+    return os.path.exists(os.path.join(live_dir, LEGACY_LOG)) or _text_log(log_path)
+
+
 def migrate_legacy(live) -> None:
     """Append the legacy tables' rows a LiveLog's folder lacks, then drop LOG.v1 and the tables (idempotent);
     call under `live.locked()`."""
     legacy = os.path.join(live.dir, LEGACY_LOG)
-    try:
-        with open(live.path, "rb") as f:
-            is_text = f.read(len(MAGIC)) != MAGIC
-        if is_text:
+    if _text_log(live.path):
+        try:
             os.replace(live.path, legacy)  # LOG is the new log's name from here on
             fsync_dir(live.dir)
-    except FileNotFoundError:
-        pass
+        except FileNotFoundError:
+            pass
     if not os.path.exists(legacy):
         return
     with open(legacy) as f:
