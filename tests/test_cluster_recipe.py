@@ -184,14 +184,14 @@ def cluster(world):
         assert len(nodes) == 2 and any(n.get("second_node") for n in nodes), nodes
         yield url
     finally:
-        for p in procs:  # both nodes at once: stopped one after the other, they took 63 s
-            p.send_signal(signal.SIGTERM)
+        # Killed outright: the test is over and nothing on these nodes needs a clean stop (SIGTERM to both
+        # nodes took 31 s, one after the other 63 s).
         for p in procs:
             try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            except ProcessLookupError:
+                pass
+            p.wait()
         for log in logs:
             log.close()
         for pid in our_processes(temp):

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -182,15 +183,22 @@ def test_with_the_hub_down_and_nothing_cached_each_job_fails_with_one_line(hub, 
     env = hub_environment(hub.url, work / "hf-empty")
     cache = work / "hf-empty" / "hub"
     down = f"the hub ({hub.url}) could not be reached and the hub cache ({cache}) holds no copy of it"
-    _one_line(_run(["jobs/encode_cc12m.py", "--backbone", BACKBONE, "--output", str(work / "raw-down"),
-                    "--world-dir", str(work / "world"), *WORLD], env),
-              f"[encode] backbone {BACKBONE} cannot be loaded: {down}")
-    _one_line(_run(["jobs/pretrain.py", "--tables", str(work / "raw" / "tables"), "--storage-path", str(work / "t2"),
-                    "--name", "down", "--language-model", LANGUAGE_MODEL_REPO], env),
-              f"[train] language model {LANGUAGE_MODEL_REPO} cannot be loaded: {down}")
-    _one_line(_run(["jobs/serve.py", "--address", "local", "--checkpoint", str(checkpoint), "--tokens", compressed,
-                    "--port", str(free_port())], env),
-              f"[serve] backbone {BACKBONE} cannot be loaded: {down}")
+    # The three side by side: huggingface_hub retries a refused connection for about 23 s before giving up.
+    jobs = {
+        f"[encode] backbone {BACKBONE} cannot be loaded: {down}":
+            ["jobs/encode_cc12m.py", "--backbone", BACKBONE, "--output", str(work / "raw-down"),
+             "--world-dir", str(work / "world"), *WORLD],
+        f"[train] language model {LANGUAGE_MODEL_REPO} cannot be loaded: {down}":
+            ["jobs/pretrain.py", "--tables", str(work / "raw" / "tables"), "--storage-path", str(work / "t2"),
+             "--name", "down", "--language-model", LANGUAGE_MODEL_REPO],
+        f"[serve] backbone {BACKBONE} cannot be loaded: {down}":
+            ["jobs/serve.py", "--address", "local", "--checkpoint", str(checkpoint), "--tokens", compressed,
+             "--port", str(free_port())],
+    }
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        runs = {expected: pool.submit(_run, cmd, env) for expected, cmd in jobs.items()}
+    for expected, run in runs.items():
+        _one_line(run.result(), expected)
 
 
 def test_offline_from_the_cache_the_first_runs_filled(hub, work, raw):

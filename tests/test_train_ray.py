@@ -47,6 +47,15 @@ def _checkpoints(storage: Path, name: str):
     return sorted(found)
 
 
+def _registered_checkpoint(run_dir: Path) -> bool:
+    """Whether Ray Train's controller has recorded a checkpoint of the run (what a restart resumes from)."""
+    try:
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or caught mid-write
+        return False
+    return bool(snapshot.get("latest_checkpoint_result"))
+
+
 def test_two_worker_pretrain_checkpoints_and_resumes_after_kill(ray_local, pipeline_tables, tmp_path):
     storage = tmp_path / "runs"
     address = ray_local.get_runtime_context().gcs_address
@@ -232,10 +241,12 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipelin
     with open(log_path, "w") as log:
         run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # A checkpoint folder on disk is not yet one the run restarts from: the controller registers it a moment
+        # later (its snapshot file), and a kill in between restarts from scratch. Wait for the registration.
         deadline = time.time() + 420
-        while time.time() < deadline and not _checkpoints(storage, "survive") and run.poll() is None:
+        while time.time() < deadline and not _registered_checkpoint(storage / "survive") and run.poll() is None:
             time.sleep(0.5)
-        assert _checkpoints(storage, "survive"), log_path.read_text()[-4000:]
+        assert _registered_checkpoint(storage / "survive"), log_path.read_text()[-4000:]
         worker = int(re.findall(r"RayTrainWorker pid=(\d+)", log_path.read_text())[-1])
         os.kill(worker, signal.SIGKILL)
         assert run.wait(timeout=600) == 0, log_path.read_text()[-4000:]
