@@ -20,6 +20,7 @@ import torch
 
 from edje.evaluation import novelty
 from edje.evaluation.calibration import calibration_report, fit_platt
+from edje.evaluation.eval_config import EvalConfig
 from edje.evaluation.recall import rerank, within_group_accuracy
 from edje.evaluation.scene_pairs import KINDS as TWIN_KINDS
 from edje.evaluation.scene_pairs import pairs_by_scene
@@ -36,46 +37,6 @@ from edje.schemas.codecs import TokenCodec
 from edje.schemas.config import CodecConfig
 from edje.schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
 from edje.storage.embedding_index import EmbeddingIndex
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """One evaluation run."""
-
-    annotations: str
-    tokens: List[str]
-    output: str
-    checkpoint: Optional[str] = None
-    k: int = 10
-    backbone_only: bool = False
-    # None: the checkpoint's ranking rule (model/ranking.py); a number overrides it for this run.
-    first_stage_weight: Optional[float] = None
-    # Choose the fusion weight on these annotations (a validation split!) and record it in the checkpoint.
-    fit_first_stage_weight: bool = False
-    # Fit the Platt scaling of the rule's score on these annotations (a validation split!) and record it.
-    # Fitting the weight always refits it: a calibration belongs to one weight.
-    fit_calibration: bool = False
-    quant: Optional[str] = None  # raw tables only: round-trip adapter output through this codec
-    group_size: Optional[int] = None
-    backbone_pretrained: Optional[str] = None  # override the tables' pretrained path (e.g. moved checkpoint)
-    batch_size: int = 128
-    max_queries_per_image: Optional[int] = None  # T2I: keep the first N captions of each image (CPU budgets)
-    examples: int = 4
-    threads: Optional[int] = None
-    device: Optional[str] = None  # backbone text tower, adapter and joint encoder; None/"auto": cuda if visible, else cpu
-    # Also report every figure over the queries whose answer image's meaning is in no training scene of this world
-    # (evaluation/novelty.py); needs the sample world's world.json beside the annotations.
-    novel_against: Optional[novelty.ReferenceWorld] = None
-
-    def __post_init__(self) -> None:
-        if not self.backbone_only and not self.checkpoint:
-            raise ValueError("evaluation needs --checkpoint unless --backbone-only")
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
-        if self.fit_first_stage_weight and self.first_stage_weight is not None:
-            raise ValueError("give a first-stage weight or fit one, not both")
-        if self.fit_calibration and self.first_stage_weight is not None:
-            raise ValueError("calibration is fitted for the recorded (or fitted) weight, not a command-line override")
 
 
 @dataclass

@@ -18,42 +18,20 @@ import sys
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
+from edje.schemas.cli_options import add_options, from_args
 from edje.schemas.compress_job import CompressJobConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line; every option maps onto a CompressJobConfig field."""
-    d = CompressJobConfig(tables="-", adapter="-", output="-")
+    """The command line: CompressJobConfig's options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tables", nargs="+", required=True, help="raw token tables: files, folders or globs on any "
-                   "fsspec path (local, s3://), all made by one backbone")
-    p.add_argument("--adapter", required=True, help="EDJE checkpoint dir whose adapter compresses the tokens; it "
-                   "must have been trained on the tables' backbone")
-    p.add_argument("--output", required=True, help="output folder on any fsspec path: tables/, stats/, "
-                   "manifest.json, summary.json")
-    p.add_argument("--quant", default=d.quant, choices=["fp32", "fp16", "int8", "int4"],
-                   help="token storage (default %(default)s)")
-    p.add_argument("--group-size", type=int, help="int4 only: values per scale (default: one scale per token)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rows per adapter call (default %(default)s)")
-    p.add_argument("--concurrency", type=int, default=d.concurrency, help="adapter actors (default %(default)s)")
-    p.add_argument("--gpus-per-worker", type=float, help="GPUs per adapter actor (default: 1 when the cluster has "
-                   "GPUs, else 0 = CPU)")
-    p.add_argument("--cpus-per-worker", type=float, default=d.cpus_per_worker,
-                   help="CPUs per adapter actor (default %(default)s)")
-    p.add_argument("--torch-threads", type=int, default=d.torch_threads,
-                   help="torch threads per adapter actor (default: its CPU count)")
-    p.add_argument("--compute-dtype", default=d.compute_dtype, choices=["fp32", "bf16"],
-                   help="the adapter's arithmetic on every device (default %(default)s)")
-    p.add_argument("--s3-endpoint", help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, moto)")
-    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else start a local Ray)")
-    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray this command starts (default: all)")
+    add_options(p, CompressJobConfig)
     return p
 
 
 def config_from_args(argv=None) -> CompressJobConfig:
     """Parse the command line into a CompressJobConfig."""
-    args = vars(build_parser().parse_args(argv))
-    return CompressJobConfig(**{**args, "tables": tuple(args["tables"])})
+    return from_args(CompressJobConfig, build_parser().parse_args(argv))
 
 
 def main(argv=None) -> int:

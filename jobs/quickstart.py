@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -33,6 +33,7 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the quickstart needs only files the repository ships
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from edje.schemas.cli_options import add_options, from_args, option  # noqa: E402
 from edje.schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
 from edje.serving.ports import free_port  # noqa: E402
 
@@ -41,32 +42,49 @@ BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
 CHECKPOINT = ROOT / DEFAULT_RERANKER
 
 
+def seed_or_none(text: str) -> Optional[int]:
+    """A world seed, or None for 'none'."""
+    return None if text.lower() == "none" else int(text)
+
+
 @dataclass(frozen=True)
 class QuickstartConfig:
-    """Options of the quickstart run."""
+    """Options of the quickstart run (each field's command-line option is written on it)."""
 
-    output: str = "runs/quickstart"
-    seed: int = 0
-    checkpoint: str = str(CHECKPOINT)
-    backbone_weights: str = str(BACKBONE_WEIGHTS)
-    quant: str = "int8"
-    k: int = 10
-    queries_per_image: Optional[int] = 1
-    pretrain_steps: int = 0
-    num_cpus: int = 2
-    test_images: Optional[int] = None  # encode and evaluate only the first N test images (whole families)
-    keep_serving: bool = False  # leave the server and its search page up until Ctrl-C
-    port: int = 0  # Serve's HTTP port (0: a free one)
+    output: str = option("runs/quickstart", help="output folder (default %(default)s)")
+    seed: int = option(0, help="sample world seed (default %(default)s: the benchmark's world)")
+    checkpoint: str = option(str(CHECKPOINT), help=f"EDJE checkpoint (default: the shipped {DEFAULT_RERANKER}, 16 "
+                             f"compressed tokens a image; {LOCAL_RERANKER} is the local one over all 64 backbone tokens)")
+    backbone_weights: str = option(str(BACKBONE_WEIGHTS), help="backbone checkpoint (default: shipped)")
+    quant: str = option("int8", choices=["fp16", "int8", "int4"], help="token storage (default %(default)s)")
+    k: int = option(10, help="first-stage candidates reranked (default %(default)s)")
+    queries_per_image: Optional[int] = option(1, help="text→image queries per test image (default %(default)s; 5 = "
+                                              "all captions, slower)")
+    pretrain_steps: int = option(0, help="run a short Ray Train pretraining from the shipped checkpoint first "
+                                 "(default: none)")
+    num_cpus: int = option(2, help="CPUs of the local Ray (default %(default)s)")
+    # whole families are kept
+    test_images: Optional[int] = option(None, help="encode and evaluate only the first N test images (default: all)")
+    keep_serving: bool = option(False, help="leave the server up with the search page on (its address is printed) "
+                                "until Ctrl-C")
+    port: int = option(0, help="Serve's HTTP port (default: a free one)")  # 0: a free one
     # Share of two-object families with both objects on one side of the image centre: relations there
     # cannot be read from the subject's side alone, and the report gives them as their own subset.
-    same_side_rate: float = 0.25
+    same_side_rate: float = option(0.25, help="share of two-object families with both objects on one side of the "
+                                   "centre (default %(default)s)")
     # The world the checkpoint was trained on: test images whose meaning repeats one of its training scenes are
     # counted, and every figure is given again over the others. None: no such split.
-    train_world_seed: Optional[int] = 100
-    train_world_n_train: int = 12000
-    train_world_n_val: int = 500
+    train_world_seed: Optional[int] = option(
+        100, type=seed_or_none, help="world the checkpoint was trained on (default %(default)s: the shipped "
+        "checkpoints'; 'none' skips the split): test images whose meaning repeats one of its training scenes are "
+        "counted and every figure is given again over the novel ones; its scenes are sampled, nothing rendered")
+    train_world_n_train: int = option(12000, help="train images of that world (default %(default)s)")
+    train_world_n_val: int = option(500, help="val images of that world (default %(default)s)")
     # "only" / "exclude": test on a world made only of the checkpoint's held-out combinations, or without them.
-    held_out_mode: Optional[str] = None
+    held_out_mode: Optional[str] = option(
+        None, choices=("only", "exclude"), help="test on a world made only of the attribute combinations the "
+        "checkpoint never saw (its config.json's held_out), or on one without them: a test split alone, as "
+        "`sampleworld generate --n-train 0 --n-val 0 --held-out ... --held-out-mode MODE`")
 
 
 def step(n: int, text: str, t0: float) -> None:
@@ -361,52 +379,15 @@ def print_report(metrics, query, documents, answer, response, raw, comp) -> None
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse options and run the quickstart."""
-    d = QuickstartConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", default=d.output, help="output folder (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="sample world seed (default %(default)s: the benchmark's world)")
-    p.add_argument("--checkpoint", default=d.checkpoint,
-                   help=f"EDJE checkpoint (default: the shipped {DEFAULT_RERANKER}, 16 compressed tokens a image; "
-                   f"{LOCAL_RERANKER} is the local one over all 64 backbone tokens)")
-    p.add_argument("--backbone-weights", default=d.backbone_weights, help="backbone checkpoint (default: shipped)")
-    p.add_argument("--quant", default=d.quant, choices=["fp16", "int8", "int4"], help="token storage (default %(default)s)")
-    p.add_argument("--k", type=int, default=d.k, help="first-stage candidates reranked (default %(default)s)")
-    p.add_argument("--queries-per-image", type=int, default=d.queries_per_image,
-                   help="text→image queries per test image (default %(default)s; 5 = all captions, slower)")
-    p.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps,
-                   help="run a short Ray Train pretraining from the shipped checkpoint first (default: none)")
-    p.add_argument("--test-images", type=int, help="encode and evaluate only the first N test images (default: all)")
-    p.add_argument("--num-cpus", type=int, default=d.num_cpus, help="CPUs of the local Ray (default %(default)s)")
-    p.add_argument("--keep-serving", action="store_true",
-                   help="leave the server up with the search page on (its address is printed) until Ctrl-C")
-    p.add_argument("--port", type=int, default=d.port, help="Serve's HTTP port (default: a free one)")
-    p.add_argument("--same-side-rate", type=float, default=d.same_side_rate,
-                   help="share of two-object families with both objects on one side of the centre (default %(default)s)")
-    p.add_argument("--train-world-seed", type=seed_or_none, default=d.train_world_seed,
-                   help="world the checkpoint was trained on (default %(default)s: the shipped checkpoints'; 'none' "
-                   "skips the split): test images whose meaning repeats one of its training scenes are counted and "
-                   "every figure is given again over the novel ones; its scenes are sampled, nothing rendered")
-    p.add_argument("--train-world-n-train", type=int, default=d.train_world_n_train,
-                   help="train images of that world (default %(default)s)")
-    p.add_argument("--train-world-n-val", type=int, default=d.train_world_n_val,
-                   help="val images of that world (default %(default)s)")
-    p.add_argument("--held-out-mode", choices=("only", "exclude"),
-                   help="test on a world made only of the attribute combinations the checkpoint never saw (its "
-                   "config.json's held_out), or on one without them: a test split alone, as `sampleworld generate "
-                   "--n-train 0 --n-val 0 --held-out ... --held-out-mode MODE`")
+    add_options(p, QuickstartConfig)
     a = p.parse_args(argv)
     try:
         checkpoint_held_out(a.checkpoint, required=a.held_out_mode is not None)
     except ValueError as e:
         p.error(str(e))
-    # Each option's dest is the config field of the same name: a new field needs only its option.
-    run(QuickstartConfig(**{f.name: getattr(a, f.name) for f in fields(QuickstartConfig)}))
+    run(from_args(QuickstartConfig, a))
     return 0
-
-
-def seed_or_none(text: str) -> Optional[int]:
-    """A world seed, or None for 'none'."""
-    return None if text.lower() == "none" else int(text)
 
 
 if __name__ == "__main__":

@@ -4,27 +4,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
+from edje.schemas.cli_options import option
 from edje.schemas.config import CodecConfig
 
 
 @dataclass(frozen=True)
 class CompressJobConfig:
-    """Everything one run of the compress job needs."""
+    """Everything one run of the compress job needs; each field's command-line option (jobs/compress.py) is written
+    on it."""
 
-    tables: Union[str, Tuple[str, ...]]  # raw token tables: files, folders or globs on any fsspec path
-    adapter: str  # EDJE checkpoint dir whose adapter compresses the tokens
-    output: str  # folder on any fsspec path: tables/, stats/, manifest.json, summary.json
-    quant: str = "int8"
-    group_size: Optional[int] = None
-    batch_size: int = 256  # rows per adapter call
-    concurrency: int = 1  # adapter actors
-    gpus_per_worker: Optional[float] = None  # None: 1 when the cluster has GPUs, else 0
-    cpus_per_worker: float = 1.0
-    torch_threads: int = 0  # 0: the actor's CPU count
-    compute_dtype: str = "fp32"  # "fp32" (tables equal on every device) or "bf16" (faster on a GPU)
-    s3_endpoint: Optional[str] = None
-    address: Optional[str] = None  # Ray address; None: RAY_ADDRESS or a fresh local instance
-    num_cpus: Optional[int] = None  # CPUs of a fresh local Ray instance
+    tables: Union[str, Tuple[str, ...]] = option(nargs="+", required=True, help="raw token tables: files, folders or "
+                                                 "globs on any fsspec path (local, s3://), all made by one backbone")
+    adapter: str = option(required=True, help="EDJE checkpoint dir whose adapter compresses the tokens; it must have "
+                          "been trained on the tables' backbone")
+    output: str = option(required=True, help="output folder on any fsspec path: tables/, stats/, manifest.json, "
+                         "summary.json")
+    quant: str = option("int8", choices=["fp32", "fp16", "int8", "int4"], help="token storage (default %(default)s)")
+    group_size: Optional[int] = option(None, help="int4 only: values per scale (default: one scale per token)")
+    batch_size: int = option(256, help="rows per adapter call (default %(default)s)")
+    concurrency: int = option(1, help="adapter actors (default %(default)s)")
+    # None: 1 when the cluster has GPUs, else 0
+    gpus_per_worker: Optional[float] = option(None, help="GPUs per adapter actor (default: 1 when the cluster has "
+                                              "GPUs, else 0 = CPU)")
+    cpus_per_worker: float = option(1.0, help="CPUs per adapter actor (default %(default)s)")
+    # 0: the actor's CPU count
+    torch_threads: int = option(0, help="torch threads per adapter actor (default: its CPU count)")
+    # "fp32" (tables equal on every device) or "bf16" (faster on a GPU)
+    compute_dtype: str = option("fp32", choices=["fp32", "bf16"], help="the adapter's arithmetic on every device "
+                                "(default %(default)s)")
+    s3_endpoint: Optional[str] = option(None, help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, moto)")
+    # Ray address; None: RAY_ADDRESS or a fresh local instance
+    address: Optional[str] = option(None, help="Ray cluster address (default: RAY_ADDRESS, else start a local Ray)")
+    # CPUs of a fresh local Ray instance
+    num_cpus: Optional[int] = option(None, help="CPUs of the local Ray this command starts (default: all)")
 
     def __post_init__(self) -> None:
         tables = (self.tables,) if isinstance(self.tables, str) else tuple(self.tables)

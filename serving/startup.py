@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
+from edje.schemas.cli_options import option
+
 log = logging.getLogger(__name__)
 
 
@@ -26,12 +28,16 @@ class ServeStartError(RuntimeError):
 class StartupConfig:
     """How patiently Serve is started."""
 
-    proxy_ready_timeout_s: float = 60.0  # Serve's default is 5 s
-    proxy_health_timeout_s: float = 60.0  # Serve's default is 10 s
+    # Serve's default is 5 s. One flag sets both proxy timeouts (the second field shares it).
+    proxy_ready_timeout_s: float = option(60.0, flag="--proxy-timeout", help="seconds Serve's HTTP proxy may take to "
+                                          "answer a health check (Serve's own default: 5)")
+    proxy_health_timeout_s: float = option(60.0, flag="--proxy-timeout")  # Serve's default is 10 s
     proxy_health_period_s: float = 20.0  # Serve's default is 10 s
-    attempts: int = 3
+    attempts: int = option(3, flag="--start-attempts", help="tries to bring Serve up before giving up")
     retry_wait_s: float = 5.0
-    healthy_timeout_s: float = 300.0  # per attempt: until GET /healthz answers 200
+    # per attempt: until GET /healthz answers 200
+    healthy_timeout_s: float = option(300.0, flag="--ready-timeout",
+                                      help="seconds per attempt until GET /healthz answers 200 (default %(default)s)")
 
     def __post_init__(self) -> None:
         if self.attempts < 1:

@@ -29,6 +29,7 @@ from edje.sampleworld.captions import colour_caption, shape_caption
 from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
 from edje.schemas.annotations import Annotations, load_annotations
+from edje.schemas.cli_options import option
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 
 
@@ -36,47 +37,58 @@ from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_w
 class BackboneTrainConfig:
     """What to train on, for how long, and where the fp16 safetensors checkpoint goes."""
 
-    train_annotations: str
-    output: str
-    eval_annotations: Optional[str] = None
-    model: str = "edje-tiny-convvit"
-    epochs: int = 12
-    batch_size: int = 256
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_steps: int = 50
-    seed: int = 0
-    eval_every: int = 4  # epochs; a checkpoint is written at each evaluation
-    stop_after: Optional[int] = None  # train only this many epochs of the `epochs`-long schedule
+    train_annotations: str = option(flag="--train", required=True,
+                                    help="train annotation JSON (images relative to its folder)")
+    output: str = option(required=True, help="output .safetensors path (a .json record is written beside it)")
+    eval_annotations: Optional[str] = option(None, flag="--eval", help="annotation JSON to report zero-shot recall on")
+    model: str = option("edje-tiny-convvit", help="open_clip model name (model/configs/*.json)")
+    epochs: int = option(12)
+    batch_size: int = option(256)
+    lr: float = option(1e-3)
+    weight_decay: float = option(0.1)
+    warmup_steps: int = option(50)
+    seed: int = option(0)
+    eval_every: int = option(4)  # epochs; a checkpoint is written at each evaluation
+    # train only this many epochs of the `epochs`-long schedule
+    stop_after: Optional[int] = option(None, help="train only this many epochs of the --epochs-long LR schedule")
     # ELIP-style hard batches (training/hard_batches.py): this share of each batch is made of
     # clusters of `cluster_size` near neighbours in the current image embedding, from epoch
     # `neighbour_start` on (before that the embedding is too young to say what is similar).
-    neighbour_fraction: float = 0.0
-    cluster_size: int = 8
-    neighbour_start: int = 2
-    mask_same_words: bool = False  # leave captions with the same bag of words out of each other's softmax
+    neighbour_fraction: float = option(0.0, help="share of each batch made of clusters of near neighbours (ELIP hard "
+                                       "batches)")
+    cluster_size: int = option(8, help="images per neighbour cluster")
+    neighbour_start: int = option(2, help="first epoch (1-based) with neighbour batches")
+    # leave captions with the same bag of words out of each other's softmax
+    mask_same_words: bool = option(False, help="leave captions with the same bag of words (binding twins) out of each "
+                                   "other's softmax")
     # A sample world's world.json, for two training-only levers: images of one family (binding
     # twins, whose captions share every word) are left out of each other's softmax, as duplicates
     # are in CLIP training; and `shape_caption_rate` of the captions are replaced by ones that name
     # only the scene's shapes (every image with that shape set is then a positive), `colour_caption_rate`
     # by ones that name only its colours (positives: the same colour set). Shape-only captions alone
     # trade colour for shape (BENCHMARKS.md): colour-only ones beside them keep colour in the embedding.
-    world: Optional[str] = None
-    shape_caption_rate: float = 0.0
+    world: Optional[str] = option(None, help="a sample world's world.json: a family's images are not each other's "
+                                  "negatives")
+    shape_caption_rate: float = option(0.0, help="share of captions replaced by training-only ones naming only the "
+                                       "shapes (needs --world)")
     # The shape rate moves linearly from `shape_caption_rate` (first epoch) to this (last epoch of the
     # schedule); None keeps it constant. High early teaches shape; lower late gives full captions back.
-    shape_caption_rate_end: Optional[float] = None
-    colour_caption_rate: float = 0.0
+    shape_caption_rate_end: Optional[float] = option(None, help="shape-caption rate at the last epoch (linear from "
+                                                     "--shape-caption-rate; default: constant)")
+    colour_caption_rate: float = option(0.0, help="share of captions replaced by training-only ones naming only the "
+                                        "colours (needs --world)")
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
-    device: Optional[str] = None
+    device: Optional[str] = option(None, cli_default="auto",
+                                   help="auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
     # Resumable runs: given storage_path, everything the rest of the run depends on (weights, optimiser,
     # LR schedule, RNG states, epoch, step and the epoch's batch plan) is written atomically to
     # storage_path/name every `checkpoint_every` steps and at the end, and a rerun of the same config
     # there resumes from it. name defaults to the output file's stem.
-    storage_path: Optional[str] = None
-    name: Optional[str] = None
-    checkpoint_every: int = 100
+    storage_path: Optional[str] = option(None, help="folder that keeps the run's checkpoint; rerunning the same command "
+                                         "resumes from it, with the same batches from there on as a run never stopped")
+    name: Optional[str] = option(None, help="the run's subfolder of --storage-path (default: the --output file's stem)")
+    checkpoint_every: int = option(100, help="steps between checkpoints (with --storage-path; also one at the end)")
 
     def __post_init__(self):
         if self.checkpoint_every < 1:

@@ -1,9 +1,12 @@
-"""Typed configuration of a Ray Train EDJE job (pretraining, fine-tuning, distillation)."""
+"""Typed configuration of a Ray Train EDJE job (pretraining, fine-tuning, distillation); each field's command-line
+option (training/launch.py) is written on it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from typing import List, Literal, Optional, Tuple
 
+from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
 Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer"]
@@ -11,102 +14,205 @@ OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "f
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
+# MLM starts near ln(30k) = 10 nats from a random head; at weight 1 it dominates the clipped
+# gradient and Adam's moments on the shared encoder, so it weighs less than ITM.
+LOSS_WEIGHTS: Tuple[Tuple[str, float], ...] = (("itm", 1.0), ("mlm", 0.3), ("recovery", 1.0), ("distill", 1.0))
+
+# Argument groups of the training jobs' --help.
+MODEL_GROUP = "model (ignored with --init)"
+RELATIONS_GROUP = "relations (also applied to --init: its weights kept, the new parts starting at 0)"
+
+
+def absolute_path(path: Optional[str]) -> Optional[str]:
+    """A local path made absolute: Ray Train workers run in another working directory than the driver."""
+    if path is None or "://" in path:
+        return path
+    return os.path.abspath(path)
+
+
+def bert_fields(items: Optional[List[str]]) -> Optional[tuple]:
+    """--random-bert's FIELD=INT items as sorted (field, int) pairs (None when not given)."""
+    if not items:
+        return None
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise SystemExit(f"--random-bert takes FIELD=INT items, got {item!r}")
+        out.append((key, int(value)))
+    return tuple(sorted(out))
+
+
+def _loss_weights(pairs: List[List[str]]) -> Tuple[Tuple[str, float], ...]:
+    """--loss-weight pairs over the default weights, sorted by objective."""
+    return tuple(sorted({**dict(LOSS_WEIGHTS), **{k: float(v) for k, v in pairs}}.items()))
+
+
+def _group_weights(pairs: List[List[str]]) -> Tuple[Tuple[str, float], ...]:
+    return tuple((g, float(w)) for g, w in pairs)
+
+
+def _absolute_all(paths: List[str]) -> Tuple[str, ...]:
+    return tuple(absolute_path(p) for p in paths)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """How to build the EDJE model when no checkpoint is given to start from."""
 
-    adapter: Literal["local", "compressed"] = "compressed"
-    num_queries: int = 64
-    adapter_hidden: int = 8192
-    adapter_heads: int = 8
-    adapter_position: Literal["none", "2d"] = "none"  # AdapterConfig.position
-    adapter_position_gain: float = 1.0  # AdapterConfig.position_gain: the 2-D table's initial gain
-    language_model: Optional[str] = None  # BERT dir (weights + tokenizer); None = the packaged all-MiniLM-L6-v2
-    encoder_layers: Optional[int] = None  # keep only the first N layers of the language model (CPU budgets)
+    adapter: Literal["local", "compressed"] = option("compressed", group=MODEL_GROUP)
+    num_queries: int = option(64, group=MODEL_GROUP)
+    adapter_hidden: int = option(8192, group=MODEL_GROUP)
+    adapter_heads: int = option(8, group=MODEL_GROUP)
+    # AdapterConfig.position
+    adapter_position: Literal["none", "2d"] = option(
+        "none", group=MODEL_GROUP, help="2d: add a fixed sine-cosine (row, column) embedding to the backbone's square "
+        "token grid (also added to an --init checkpoint's adapter)")
+    # AdapterConfig.position_gain: the 2-D table's initial gain
+    adapter_position_gain: float = option(1.0, group=MODEL_GROUP, help="initial gain of the 2-D table (unit norm per "
+                                          "cell; backbone tokens are ~17 long)")
+    # BERT dir (weights + tokenizer); None = the packaged all-MiniLM-L6-v2
+    language_model: Optional[str] = option(
+        None, group=MODEL_GROUP, help="BERT-family language model: a hub id (e.g. microsoft/MiniLM-L12-H384-uncased, "
+        "the paper's) or a folder; resolved once on the driver and shipped to every worker (default: the packaged "
+        "all-MiniLM-L6-v2)")
+    encoder_layers: Optional[int] = option(None, group=MODEL_GROUP, help="keep only the first N language-model layers")
     # Random-init BERT of this shape (BertConfig fields) with the language model's tokenizer, instead
     # of its weights: for CPU-only budgets where even a 384-wide encoder is too slow.
-    bert_config: Optional[Tuple[Tuple[str, int], ...]] = None
-    max_text_tokens: int = 64
-    word_context: int = 0  # JointEncoderConfig.word_context: neighbouring caption words folded into each word's input
-    itm_input: Literal["tokens", "global"] = "tokens"  # JointEncoderConfig.itm_input: "global" = one pooled image vector
+    bert_config: Optional[Tuple[Tuple[str, int], ...]] = option(
+        None, flag="--random-bert", group=MODEL_GROUP, convert=bert_fields, nargs="+", metavar="FIELD=INT",
+        help="random-init BERT of this shape (e.g. hidden_size=128 num_hidden_layers=4 num_attention_heads=4 "
+        "intermediate_size=512) with the language model's tokenizer")
+    max_text_tokens: int = option(64, group=MODEL_GROUP)
+    # JointEncoderConfig.word_context: neighbouring caption words folded into each word's input
+    word_context: int = option(0, group=MODEL_GROUP, help="odd kernel width of a convolution folding neighbouring "
+                               "caption words into each word's input embedding (0 = plain BERT)")
+    # JointEncoderConfig.itm_input: "global" = one pooled image vector
+    itm_input: Literal["tokens", "global"] = option(
+        "tokens", group=MODEL_GROUP, help="tokens: BERT over caption + image tokens (EDJE); global: BERT over the "
+        "caption alone and the image as one vector (mean of the adapter's tokens) fused with the text [CLS] (a "
+        "baseline)")
     # Relations (JointEncoderConfig's fields of the same names). Unlike the fields above they also apply
     # to a run that starts from a checkpoint: its weights are kept and the new parts start at 0.
-    image_positions: Literal["after_text", "fixed"] = "after_text"
-    relation_roles: bool = False
+    image_positions: Literal["after_text", "fixed"] = option(
+        "after_text", group=RELATIONS_GROUP, help="fixed: image token i keeps one BERT position whatever the "
+        "caption's length")
+    relation_roles: bool = option(False, group=RELATIONS_GROUP, help="relation / subject / object role embeddings "
+                                  "from a parse of spatial prepositions")
     # Where the roles come from: "vocabulary", a parse by the sample world's words (a diagnostic; recorded in the
     # checkpoint as role_vocabulary); "english", the rule of English (model/relation_spans.py), no word list. None:
     # "vocabulary" for a new model, and a checkpoint's own roles for --init.
-    role_parse: Optional[Literal["vocabulary", "english"]] = None
-    route_layer: int = 0
-    ground_layer: int = 0
-    pointer: bool = False  # JointEncoderConfig.pointer (the pointer objective trains it)
+    role_parse: Optional[Literal["vocabulary", "english"]] = option(
+        None, group=RELATIONS_GROUP, help="where the roles come from. vocabulary: a parse by the sample world's words "
+        "(a diagnostic, recorded as role_vocabulary); english: a rule of English, no word list of any world (default: "
+        "vocabulary for a new model, the --init checkpoint's own roles)")
+    route_layer: int = option(0, group=RELATIONS_GROUP, help="after this many layers, each relation word receives "
+                              "P(subject - object) (0: off)")
+    ground_layer: int = option(0, group=RELATIONS_GROUP, help="after this many layers, a head regresses grounded "
+                               "words' object centres (0: off; the ground objective and --grounding train it)")
+    # JointEncoderConfig.pointer (the pointer objective trains it)
+    pointer: bool = option(False, group=RELATIONS_GROUP, help="the pointer: each relation's subject and object "
+                           "phrase, from its own words, points at the image cells; its expected cell joins the "
+                           "phrase's states where the route reads them (needs --role-parse english, --route-layer and "
+                           "a local adapter; the pointer objective trains it)")
 
 
 @dataclass(frozen=True)
 class TrainJobConfig:
     """Everything a training run needs; the run's identity is storage_path/name (rerun = resume)."""
 
-    tables: List[str]  # raw token table files or folders, any fsspec path
-    storage_path: str
-    name: str
-    model: ModelSpec = field(default_factory=ModelSpec)
-    init_checkpoint: Optional[str] = None  # start from this EDJE checkpoint (fine-tuning)
-    init_encoder_from: Optional[str] = None  # copy only the joint encoder from this checkpoint (distillation)
-    teacher_checkpoint: Optional[str] = None  # frozen teacher (distillation)
+    # raw token table files or folders, any fsspec path
+    tables: List[str] = option(nargs="+", required=True, convert=list,
+                               help="raw token tables: files or folders, any fsspec path")
+    storage_path: str = option(required=True, help="where Ray Train keeps checkpoints (local dir or URI)")
+    name: str = option(required=True, help="run name; rerunning the same name resumes from its newest checkpoint")
+    model: ModelSpec = option(default_factory=ModelSpec, nested=True)
+    # start from this EDJE checkpoint (fine-tuning)
+    init_checkpoint: Optional[str] = option(None, flag="--init", convert=absolute_path,
+                                            help="start from this EDJE checkpoint")
+    # copy only the joint encoder from this checkpoint (distillation)
+    init_encoder_from: Optional[str] = option(None, convert=absolute_path,
+                                              help="copy only the joint encoder from this EDJE checkpoint")
+    # frozen teacher (distillation)
+    teacher_checkpoint: Optional[str] = option(None, flag="--teacher", convert=absolute_path,
+                                               help="frozen teacher EDJE checkpoint (distill objective)")
     # Annotation files whose entries carry `grounding` (word index, object centre per grounded word), read by
     # the ground objective; rows are matched by (image id, caption).
-    grounding: Tuple[str, ...] = ()
-    objectives: Tuple[str, ...] = PRETRAIN_OBJECTIVES
+    grounding: Tuple[str, ...] = option((), group=RELATIONS_GROUP, nargs="+", cli_default=[], convert=_absolute_all,
+                                        help="annotation files whose entries carry `grounding` (the ground objective)")
+    # Each job sets its own default (training/launch.py's build_parser).
+    objectives: Tuple[str, ...] = option(PRETRAIN_OBJECTIVES, nargs="+", choices=list(OBJECTIVES), convert=tuple)
     # The flip objective's negatives. "caption": each positive against its caption reversed on one axis, same
     # image. "square": a caption with horizontal spatial words makes a square with the image's mirrored copy
     # ((I, c) and (mirror I, flip c) true, (I, flip c) and (mirror I, c) false: every string and image true once
     # and false once, so the spatial words alone tell nothing); vertical ones (no mirror keeps their labels)
     # stay caption-side, weighted so that each key of spatial words is as often true as flipped (FlipBalance).
-    flip_mode: Literal["caption", "square"] = "caption"
+    flip_mode: Literal["caption", "square"] = option(
+        "caption", help="the flip objective's negatives. caption: each positive against its caption reversed on one "
+        "axis, same image; square: horizontal captions make a square with the image's mirrored copy (tables encoded "
+        "with --augment hflip), vertical ones stay caption-side, weighted so that the spatial words alone tell true "
+        "from flipped no better than chance")
     # Raw tables encoded with --augment hflip whose mirrored rows give the square its mirrored images, matched by
     # image id; () = the training tables themselves. Mirrored rows are never training rows of their own.
-    mirror_tables: Tuple[str, ...] = ()
-    pointer_k: float = 10.0  # sharpness of the pointer's order loss softplus(k * signed difference)
-    # MLM starts near ln(30k) = 10 nats from a random head; at weight 1 it dominates the clipped
-    # gradient and Adam's moments on the shared encoder, so it weighs less than ITM.
-    loss_weights: Tuple[Tuple[str, float], ...] = (("itm", 1.0), ("mlm", 0.3), ("recovery", 1.0), ("distill", 1.0))
-    num_workers: int = 2
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    batch_size: int = 32  # per worker
-    epochs: int = 1
-    max_steps: Optional[int] = None  # stop after this many optimizer steps in total (all epochs)
-    lr: float = 3e-4
-    weight_decay: float = 0.05
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1  # cosine decay ends at this share of lr
-    k: int = 4  # hard negatives per sample and direction
+    mirror_tables: Tuple[str, ...] = option(
+        (), nargs="+", cli_default=[], convert=tuple, help="raw tables encoded with --augment hflip that hold the "
+        "training images' mirrored copies (--flip-mode square; default: the training tables)")
+    # sharpness of the pointer's order loss softplus(k * signed difference)
+    pointer_k: float = option(10.0, help="sharpness of the pointer objective's order loss softplus(k * signed "
+                              "difference)")
+    # Each --loss-weight OBJECTIVE WEIGHT replaces one of these (LOSS_WEIGHTS).
+    loss_weights: Tuple[Tuple[str, float], ...] = option(
+        LOSS_WEIGHTS, flag="--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), cli_default=[],
+        convert=_loss_weights, help="weight of one objective (default 1.0)")
+    num_workers: int = option(2)
+    use_gpu: bool = option(False)
+    cpus_per_worker: float = option(1.0)
+    batch_size: int = option(32, help="per worker")
+    epochs: int = option(1)
+    # stop after this many optimizer steps in total (all epochs)
+    max_steps: Optional[int] = option(None, help="stop after this many steps in total")
+    lr: float = option(3e-4)  # each job sets its own default
+    weight_decay: float = option(0.05)
+    warmup_steps: int = option(100)
+    # cosine decay ends at this share of lr
+    min_lr_ratio: float = option(0.1, help="cosine decay from lr after warm-up down to this share of lr at the last "
+                                 "step")
+    k: int = option(4, help="hard negatives per sample and direction")
     # MLM masking: "random" = BERT's (mlm_probability of caption wordpieces); "groups" = every word
     # of one attribute group per caption (training/masking.py), so the image must supply the binding.
-    mlm_masking: Literal["random", "groups"] = "random"
-    mlm_groups: Optional[str] = None  # JSON {group: [words]}; None = the sample world's caption vocabulary
+    mlm_masking: Literal["random", "groups"] = option(
+        "random", help="random: BERT's random wordpieces; groups: all words of one attribute group per caption "
+        "(colour, shape, size or spatial words), so that only the image can supply the binding")
+    # JSON {group: [words]}; None = the sample world's caption vocabulary
+    mlm_groups: Optional[str] = option(None, help="JSON file {group: [words]} for --mlm-masking groups (default: the "
+                                       "sample world's caption vocabulary)")
     # Relative odds of each group being the one masked in a caption (groups not named: 1), e.g. relation 4:
     # a relation word is one word in ten of a caption, and its read-out is what relations are learned from.
-    mlm_group_weights: Tuple[Tuple[str, float], ...] = ()
-    mining: Literal["topk", "sample"] = "topk"
-    mining_temperature: float = 0.05
-    negatives: NegativeSource = "in-batch"
-    miner_url: Optional[str] = None
+    mlm_group_weights: Tuple[Tuple[str, float], ...] = option(
+        (), flag="--mlm-group-weight", nargs=2, action="append", metavar=("GROUP", "WEIGHT"), cli_default=[],
+        convert=_group_weights, help="odds of GROUP being the one masked, relative to the others' 1 (--mlm-masking "
+        "groups)")
+    mining: Literal["topk", "sample"] = option("topk")
+    mining_temperature: float = option(0.05)
+    negatives: NegativeSource = option("in-batch", help="in-batch: mined among the batch gathered across workers; "
+                                       "miner: POST /v1/negatives")
+    miner_url: Optional[str] = option(None, help="base url of the miner service (with --negatives miner)")
     # "planned": each worker holds its shard and composes batches (shuffled, then a growing share
     # of near-neighbour clusters: training/sampler.py); "stream": Ray Data streaming with a local
     # shuffle buffer, for shards larger than a worker's memory.
-    batching: Literal["planned", "stream"] = "planned"
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    shuffle_buffer: int = 8192  # rows, stream batching only
-    checkpoint_every: int = 200  # steps; a checkpoint is also written at each epoch's end
-    log_every: int = 10
-    keep_checkpoints: int = 2
+    batching: Literal["planned", "stream"] = option(
+        "planned", help="planned: shuffled batches composed in each worker (with the cluster curriculum); stream: "
+        "Ray Data streaming with a local shuffle buffer (shards beyond worker memory)")
+    curriculum: CurriculumConfig = option(default_factory=CurriculumConfig, nested=True)
+    shuffle_buffer: int = option(8192, help="rows (stream batching)")
+    checkpoint_every: int = option(200)  # steps; a checkpoint is also written at each epoch's end
+    log_every: int = option(10)
+    keep_checkpoints: int = option(2)
     # Worker-group failures survived by restarting from the newest checkpoint (a week-long job loses
     # at most checkpoint_every steps to a dead node or a worker killed under load); -1: unlimited.
-    max_failures: int = 3
-    seed: int = 0
+    max_failures: int = option(3, help="worker-group failures to survive by restarting from the newest checkpoint "
+                               "(-1: any; default %(default)s)")
+    seed: int = option(0)
 
     def __post_init__(self) -> None:
         unknown = set(self.objectives) - set(OBJECTIVES)

@@ -17,6 +17,7 @@ from typing import List, Sequence
 
 import numpy as np
 
+from edje.schemas.cli_options import option
 from edje.training.hard_batches import neighbour_clusters
 
 
@@ -24,10 +25,11 @@ from edje.training.hard_batches import neighbour_clusters
 class CurriculumConfig:
     """Share of each batch drawn as neighbour clusters: 0 until `start`, then linear to `max_fraction` at `end`."""
 
-    max_fraction: float = 0.0
-    start: int = 0
-    end: int = 0
-    cluster_size: int = 4
+    max_fraction: float = option(0.0, flag="--cluster-fraction", help="final share of each batch drawn as clusters "
+                                 "of near neighbours (ELIP hard batches)")
+    start: int = option(0, flag="--cluster-start", help="step at which clusters start")
+    end: int = option(0, flag="--cluster-end", help="step at which the cluster share is full")
+    cluster_size: int = option(4, help="images per neighbour cluster")
 
     def fraction(self, step: int) -> float:
         """Cluster share of the batch at optimizer step ``step``."""
