@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny model configs, the offline MiniLM copy, a local Ray instance."""
+"""Shared fixtures: tiny model configs, the offline MiniLM copy, a local Ray instance; the GPU smoke's options."""
 from __future__ import annotations
 
 import ast
@@ -44,6 +44,35 @@ def _serialize_ast_parse() -> None:
 
 if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:3] < (3, 11, 8):
     _serialize_ast_parse()
+
+
+def pytest_addoption(parser):
+    """The GPU smoke's options (tests/test_gpu_smoke.py, tests/test_gpu_smoke_jobs.py)."""
+    group = parser.getgroup("gpu smoke")
+    group.addoption("--device", default="cpu",
+                    help="device of the GPU smoke's stages: cpu (default), cuda or cuda:N")
+    group.addoption("--compute-dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="the GPU smoke's encode actor arithmetic (default fp32: within the codec's bound of the CPU)")
+    group.addoption("--gpu-smoke-jobs", action="store_true", default=False,
+                    help="also run the GPU smoke through the jobs as subprocesses (slow; needs Ray)")
+
+
+@pytest.fixture(scope="session")
+def torch_device(request):
+    """The --device option as a torch.device; setup fails, saying why, when it names a GPU and none is visible."""
+    import torch
+
+    name = request.config.getoption("--device")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        pytest.fail(f"--device {name}: {e}", pytrace=False)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= visible:
+        seen = f"only {visible} CUDA devices are visible" if visible else "no CUDA device is visible"
+        pytest.fail(f"--device {name} but {seen} (use --device cpu to run the same stages on the CPU)", pytrace=False)
+    return device
+
 
 TINY_BERT = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=128, max_position_embeddings=128)
