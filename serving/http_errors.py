@@ -71,10 +71,15 @@ def deployment_unavailable(error: BaseException) -> bool:
     return replica_lost(error) or isinstance(error, busy) or isinstance(getattr(error, "cause", None), busy)
 
 
+def retry_after_header(retry_after_s: float) -> dict:
+    """The Retry-After header of a 503: whole seconds, rounded up (the header takes no fraction)."""
+    return {"Retry-After": str(math.ceil(retry_after_s))}
+
+
 def downstream_error(method, error: Exception, retry_after_s: float) -> HTTPException:
     """503 with Retry-After (retry_after_s, rounded up) when the deployment is unavailable; 500 for anything else."""
     kind = type(error).__name__
     log.warning("downstream call %s failed: %s: %s", getattr(method, "_method_name", method), kind, error)
     if deployment_unavailable(error):
-        return HTTPException(503, f"temporarily unavailable, retry: {kind}", headers={"Retry-After": str(math.ceil(retry_after_s))})
+        return HTTPException(503, f"temporarily unavailable, retry: {kind}", headers=retry_after_header(retry_after_s))
     return HTTPException(500, f"internal error: {kind}")

@@ -4,12 +4,13 @@ added later) answers first. `PUBLIC_PATHS` are open to both; `SECURED` declares 
 routes that need it (serving/ingress.py `build_api` installs the middlewares, the routers declare the scheme).
 """
 import hmac
-import math
 from typing import Optional
 
 from fastapi import Security
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
+
+from edje.serving.http_errors import retry_after_header
 
 # Reachable without the token: liveness, readiness and the API's own description.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
@@ -44,13 +45,13 @@ class AdmissionGate:
 
     def __init__(self, app, limit: int, retry_after_s: float, exempt: frozenset = PUBLIC_PATHS):
         self.app, self.limit, self.exempt, self.in_flight = app, limit, exempt, 0
-        self.retry_after = str(math.ceil(retry_after_s))
+        self.headers = retry_after_header(retry_after_s)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or _route_path(scope) in self.exempt:
             return await self.app(scope, receive, send)
         if self.in_flight >= self.limit:
-            response = JSONResponse(status_code=503, headers={"Retry-After": self.retry_after},
+            response = JSONResponse(status_code=503, headers=self.headers,
                                     content={"detail": f"overloaded: {self.limit} requests in flight, retry"})
             return await response(scope, receive, send)
         self.in_flight += 1
