@@ -25,23 +25,18 @@ class EvalConfig:
         None, flag="--add-first-stage-similarity", metavar="WEIGHT", help="rank by ITM logit + WEIGHT x first-stage "
         "cosine instead of the checkpoint's own rule (the served ranking is the checkpoint's: see "
         "--fit-first-stage-weight)")
-    # Choose the fusion weight on these annotations (a validation split!) and record it in the checkpoint.
     fit_first_stage_weight: bool = option(
         False, help="choose the fusion weight on these annotations (use a validation split) and record it in the "
         "checkpoint, where evaluation and serving read it (the score's calibration is refitted with it)")
-    # Fit the Platt scaling of the rule's score on these annotations (a validation split!) and record it.
     # Fitting the weight always refits it: a calibration belongs to one weight.
     fit_calibration: bool = option(
         False, help="fit the Platt scaling of the checkpoint's ranking score on these annotations (use a validation "
         "split) and record it: the served relevance_score = sigmoid(a x score + b)")
-    # raw tables only: round-trip adapter output through this codec
     quant: Optional[str] = option(None, choices=["fp32", "fp16", "int8", "int4"],
                                   help="raw tables: round-trip the adapter output through this token codec")
     group_size: Optional[int] = option(None, help="int4 scale group size")
-    # override the tables' pretrained path (e.g. moved checkpoint)
     backbone_pretrained: Optional[str] = option(None, help="override the backbone checkpoint path stored in the tables")
     batch_size: int = option(128, help="pairs per joint-encoder call")
-    # T2I: keep the first N captions of each image (CPU budgets)
     max_queries_per_image: Optional[int] = option(None, help="T2I: first N captions per image only")
     examples: int = option(4, help="queries in examples.png")
     threads: Optional[int] = option(None, help="torch CPU threads")

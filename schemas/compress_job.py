@@ -23,19 +23,15 @@ class CompressJobConfig:
     group_size: Optional[int] = option(None, help="int4 only: values per scale (default: one scale per token)")
     batch_size: int = option(256, help="rows per adapter call (default %(default)s)")
     concurrency: int = option(1, help="adapter actors (default %(default)s)")
-    # None: 1 when the cluster has GPUs, else 0
     gpus_per_worker: Optional[float] = option(None, help="GPUs per adapter actor (default: 1 when the cluster has "
                                               "GPUs, else 0 = CPU)")
     cpus_per_worker: float = option(1.0, help="CPUs per adapter actor (default %(default)s)")
     # 0: the actor's CPU count
     torch_threads: int = option(0, help="torch threads per adapter actor (default: its CPU count)")
-    # "fp32" (tables equal on every device) or "bf16" (faster on a GPU)
     compute_dtype: str = option("fp32", choices=["fp32", "bf16"], help="the adapter's arithmetic on every device "
                                 "(default %(default)s)")
     s3_endpoint: Optional[str] = option(None, help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, moto)")
-    # Ray address; None: RAY_ADDRESS or a fresh local instance
     address: Optional[str] = option(None, help="Ray cluster address (default: RAY_ADDRESS, else start a local Ray)")
-    # CPUs of a fresh local Ray instance
     num_cpus: Optional[int] = option(None, help="CPUs of the local Ray this command starts (default: all)")
 
     def __post_init__(self) -> None:

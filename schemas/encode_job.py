@@ -56,10 +56,8 @@ class EncodeJobConfig:
     image_col: Optional[str] = option(None, group=IO, help="image-parquet: the image column (binary, or a struct "
                                       "{bytes, path}); webdataset: the image member's extension (default: jpg, image, "
                                       "img, png, webp, ... whichever is there)")
-    # image-folder given as a table: the image path column
     path_col: str = option("path", group=IO, help="a table of image paths: the path column, relative to the table's "
                            "folder, absolute or a url (default %(default)s; Hugging Face metadata.csv: file_name)")
-    # None: the adapter checkpoint's backbone, else schemas.shipped.DEFAULT_BACKBONE
     backbone: Optional[str] = option(
         None, group=MODEL, help="open_clip model name (with --pretrained TAG or a weights file), or hf-hub:ORG/NAME "
         "(an open_clip hub repository: its config and weights, no tag); weights come from the hub as HF_HUB_OFFLINE "
@@ -68,16 +66,13 @@ class EncodeJobConfig:
         None, group=MODEL, help="open_clip pretrained tag or local (or s3://) weights file (default: the adapter "
         "checkpoint's, else the weights the repository ships for the backbone: "
         + ", ".join(f"{k} -> {v}" for k, v in SHIPPED_BACKBONE_WEIGHTS.items()) + ")")
-    # the backbone's architecture, randomly initialised (tests and benchmarks)
     random_weights: bool = option(False, group=MODEL, help="encode with a randomly initialised backbone (tests and "
                                   "benchmarks only; an hf-hub repository's weights are skipped too); without it a "
                                   "backbone with no weights is refused")
-    # None: the adapter checkpoint's, else the backbone kind's default
     feature_layer: Optional[str] = option(
         None, group=MODEL, choices=["final", "penultimate"], help="which backbone tokens to store (default: the "
         "adapter checkpoint's, else the tower's kind: penultimate for class-token CLIP towers, final for SigLIP-style "
         "ones)")
-    # EDJE checkpoint dir -> compressed tables; None -> raw tables
     adapter: Optional[str] = option(None, group=MODEL, help="EDJE checkpoint dir: store its adapter's output "
                                     "(compressed tables). Omitted: store backbone tokens + captions + text embeddings "
                                     "(raw tables)")
@@ -93,18 +88,15 @@ class EncodeJobConfig:
                                        "token)")
     batch_size: int = option(64, group=COMPUTE, help="images per encoder call (default %(default)s)")
     concurrency: int = option(1, group=COMPUTE, help="encoder actors (default %(default)s)")
-    # None: 1 when the cluster has GPUs, else 0
     gpus_per_worker: Optional[float] = option(None, group=COMPUTE, help="GPUs per encoder actor (default: 1 when the "
                                               "cluster has GPUs, else 0 = CPU)")
     cpus_per_worker: float = option(1.0, group=COMPUTE, help="CPUs per encoder actor (default %(default)s)")
     # 0: the encoder actor's CPU count
     torch_threads: int = option(0, group=COMPUTE, help="torch threads per encoder actor (default: its CPU count)")
-    # "fp32" (tables equal on every device) or "bf16" (faster on a GPU)
     compute_dtype: str = option("fp32", group=COMPUTE, choices=["fp32", "bf16"], help="arithmetic of backbone + "
                                 "adapter on every device (default %(default)s: GPU-written tables equal CPU-written "
                                 "ones within the codec's bound; bf16 is faster on a GPU and recorded in the table "
                                 "metadata)")
-    # input rows per shard (= per output table)
     shard_size: int = option(1000, group=COMPUTE, help="input rows per shard = per output table, the unit of "
                              "resuming (default %(default)s)")
     shards_per_file: int = 64  # input shards per `_input/` Parquet file (one row group each)
@@ -116,16 +108,12 @@ class EncodeJobConfig:
                                    "decompression bombs (default %(default)s)")
     s3_endpoint: Optional[str] = option(None, group=IO, help="S3-compatible endpoint url for s3:// paths (e.g. MinIO, "
                                         "moto); credentials come from the usual AWS_* environment variables")
-    # Ray address; None: RAY_ADDRESS or a fresh local instance
     address: Optional[str] = option(None, group=COMPUTE, help="Ray cluster address (default: RAY_ADDRESS, else start "
                                     "a local Ray)")
-    # CPUs of a fresh local Ray instance
     num_cpus: Optional[int] = option(None, group=COMPUTE, help="CPUs of the local Ray this command starts (default: "
                                      "all)")
-    # where the default sample world is generated (local)
     world_dir: Optional[str] = option(None, group=WORLD, help="where to generate it (default: "
                                       "~/.cache/edje-ray/sampleworld-seed0-N)")
-    # size of the default sample world
     world_images: int = option(512, group=WORLD, help="images (default %(default)s)")
 
     def __post_init__(self) -> None:

@@ -35,7 +35,6 @@ class StartupConfig:
     proxy_health_period_s: float = 20.0  # Serve's default is 10 s
     attempts: int = option(3, flag="--start-attempts", help="tries to bring Serve up before giving up")
     retry_wait_s: float = 5.0
-    # per attempt: until GET /healthz answers 200
     healthy_timeout_s: float = option(300.0, flag="--ready-timeout",
                                       help="seconds per attempt until GET /healthz answers 200 (default %(default)s)")
 

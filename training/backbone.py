@@ -49,7 +49,6 @@ class BackboneTrainConfig:
     warmup_steps: int = option(50)
     seed: int = option(0)
     eval_every: int = option(4)  # epochs; a checkpoint is written at each evaluation
-    # train only this many epochs of the `epochs`-long schedule
     stop_after: Optional[int] = option(None, help="train only this many epochs of the --epochs-long LR schedule")
     # ELIP-style hard batches (training/hard_batches.py): this share of each batch is made of
     # clusters of `cluster_size` near neighbours in the current image embedding, from epoch
@@ -58,7 +57,6 @@ class BackboneTrainConfig:
                                        "batches)")
     cluster_size: int = option(8, help="images per neighbour cluster")
     neighbour_start: int = option(2, help="first epoch (1-based) with neighbour batches")
-    # leave captions with the same bag of words out of each other's softmax
     mask_same_words: bool = option(False, help="leave captions with the same bag of words (binding twins) out of each "
                                    "other's softmax")
     # A sample world's world.json, for two training-only levers: images of one family (binding

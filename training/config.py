@@ -71,7 +71,6 @@ class ModelSpec:
     # AdapterConfig.position_gain: the 2-D table's initial gain
     adapter_position_gain: float = option(1.0, group=MODEL_GROUP, help="initial gain of the 2-D table (unit norm per "
                                           "cell; backbone tokens are ~17 long)")
-    # BERT dir (weights + tokenizer); None = the packaged all-MiniLM-L6-v2
     language_model: Optional[str] = option(
         None, group=MODEL_GROUP, help="BERT-family language model: a hub id (e.g. microsoft/MiniLM-L12-H384-uncased, "
         "the paper's) or a folder; resolved once on the driver and shipped to every worker (default: the packaged "
@@ -121,19 +120,15 @@ class ModelSpec:
 class TrainJobConfig:
     """Everything a training run needs; the run's identity is storage_path/name (rerun = resume)."""
 
-    # raw token table files or folders, any fsspec path
     tables: List[str] = option(nargs="+", required=True, convert=list,
                                help="raw token tables: files or folders, any fsspec path")
     storage_path: str = option(required=True, help="where Ray Train keeps checkpoints (local dir or URI)")
     name: str = option(required=True, help="run name; rerunning the same name resumes from its newest checkpoint")
     model: ModelSpec = option(default_factory=ModelSpec, nested=True)
-    # start from this EDJE checkpoint (fine-tuning)
     init_checkpoint: Optional[str] = option(None, flag="--init", convert=absolute_path,
                                             help="start from this EDJE checkpoint")
-    # copy only the joint encoder from this checkpoint (distillation)
     init_encoder_from: Optional[str] = option(None, convert=absolute_path,
                                               help="copy only the joint encoder from this EDJE checkpoint")
-    # frozen teacher (distillation)
     teacher_checkpoint: Optional[str] = option(None, flag="--teacher", convert=absolute_path,
                                                help="frozen teacher EDJE checkpoint (distill objective)")
     # Annotation files whose entries carry `grounding` (word index, object centre per grounded word), read by
@@ -157,7 +152,6 @@ class TrainJobConfig:
     mirror_tables: Tuple[str, ...] = option(
         (), nargs="+", cli_default=[], convert=tuple, help="raw tables encoded with --augment hflip that hold the "
         "training images' mirrored copies (--flip-mode square; default: the training tables)")
-    # sharpness of the pointer's order loss softplus(k * signed difference)
     pointer_k: float = option(10.0, help="sharpness of the pointer objective's order loss softplus(k * signed "
                               "difference)")
     # Each --loss-weight OBJECTIVE WEIGHT replaces one of these (LOSS_WEIGHTS).
@@ -169,12 +163,10 @@ class TrainJobConfig:
     cpus_per_worker: float = option(1.0)
     batch_size: int = option(32, help="per worker")
     epochs: int = option(1)
-    # stop after this many optimizer steps in total (all epochs)
     max_steps: Optional[int] = option(None, help="stop after this many steps in total")
     lr: float = option(3e-4)  # each job sets its own default
     weight_decay: float = option(0.05)
     warmup_steps: int = option(100)
-    # cosine decay ends at this share of lr
     min_lr_ratio: float = option(0.1, help="cosine decay from lr after warm-up down to this share of lr at the last "
                                  "step")
     k: int = option(4, help="hard negatives per sample and direction")
@@ -183,7 +175,6 @@ class TrainJobConfig:
     mlm_masking: Literal["random", "groups"] = option(
         "random", help="random: BERT's random wordpieces; groups: all words of one attribute group per caption "
         "(colour, shape, size or spatial words), so that only the image can supply the binding")
-    # JSON {group: [words]}; None = the sample world's caption vocabulary
     mlm_groups: Optional[str] = option(None, help="JSON file {group: [words]} for --mlm-masking groups (default: the "
                                        "sample world's caption vocabulary)")
     # Relative odds of each group being the one masked in a caption (groups not named: 1), e.g. relation 4:
