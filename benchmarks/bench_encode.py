@@ -41,6 +41,11 @@ BF16_PEAK_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100"
                     "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A6000": 155.0, "4090": 165.0}
 
 
+def bf16_peak_tflops(device_name: str):
+    """The dense bf16 peak of a device by its name (the table's first substring that matches), or None."""
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_name), None)
+
+
 def make_world(workdir: Path, images: int, image_size: int = 128) -> Path:
     """Generate the benchmark's sample world once."""
     from edje.sampleworld.world import WorldConfig, generate
@@ -227,7 +232,7 @@ def main() -> int:
             print("[bench] --gpu: no CUDA device here; GPU part not run")
         else:
             name = torch.cuda.get_device_name()
-            peak = args.peak_tflops or next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+            peak = args.peak_tflops or bf16_peak_tflops(name)
             for bb_name, width in (("ViT-B-16-SigLIP2", 768), ("ViT-L-16-SigLIP2-384", 1024)):
                 ckpt = random_adapter_checkpoint(workdir / f"adapter-{bb_name}", width)
                 gs = run_pipeline(workdir, gpu_urls, bb_name, 256, 1024, args.threads, adapter=ckpt, quant="int8")

@@ -33,12 +33,12 @@ ENCODE_MODEL = "ViT-L-16-SigLIP2-384"
 def peak_tflops(device) -> tuple:
     """(device name, dense bf16 peak TFLOP/s or None)."""
     import torch
-    from bench_encode import BF16_PEAK_TFLOPS
+    from bench_encode import bf16_peak_tflops
 
     if device.type != "cuda":
         return "cpu", None
     name = torch.cuda.get_device_name(device)
-    return name, next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+    return name, bf16_peak_tflops(name)
 
 
 def share(flops_per_item: float, rate: float, peak: Optional[float]) -> str:
