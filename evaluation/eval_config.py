@@ -38,6 +38,13 @@ class EvalConfig:
     backbone_pretrained: Optional[str] = option(None, help="override the backbone checkpoint path stored in the tables")
     batch_size: int = option(128, help="pairs per joint-encoder call")
     max_queries_per_image: Optional[int] = option(None, help="T2I: first N captions per image only")
+    # Open worlds write test captions partly from held-out (test-only) templates; with one query an image, the first
+    # caption is one for about a third of the images, too few for a split of their own, so these are added to it.
+    held_out_template_queries: int = option(
+        0, help="open worlds, with --max-queries-per-image: also query each image's first N captions written from a "
+        "held-out (test-only) caption template where those are not among its first captions (default %(default)s); "
+        "text→image figures over the held-out-template queries are reported apart whenever the world records "
+        "caption templates")
     examples: int = option(4, help="queries in examples.png")
     threads: Optional[int] = option(None, help="torch CPU threads")
     # backbone text tower, adapter and joint encoder; None/"auto": cuda if visible, else cpu
@@ -50,6 +57,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.backbone_only and not self.checkpoint:
             raise ValueError("evaluation needs --checkpoint unless --backbone-only")
+        if self.held_out_template_queries < 0:
+            raise ValueError(f"held_out_template_queries must be >= 0, got {self.held_out_template_queries}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.fit_first_stage_weight and self.first_stage_weight is not None:

@@ -9,12 +9,15 @@ the model does on meanings it never saw. The reference world's scenes are sample
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edje.sampleworld.records import DEFAULT_KIND
+from edje.sampleworld.registry import world_config
 from edje.sampleworld.scene import Scene
 from edje.sampleworld.world import WORLD_JSON, WorldConfig, load_world, sample_records
 
@@ -54,7 +57,8 @@ class ReferenceWorld:
 
 def generate_command(config: WorldConfig) -> str:
     """The `sampleworld generate` command that writes `config`'s world (without --out)."""
-    cmd = (f"python -m edje.sampleworld generate --seed {config.seed} --n-train {config.n_train} "
+    world = f" --world {config.kind}" if config.kind != DEFAULT_KIND else ""
+    cmd = (f"python -m edje.sampleworld generate{world} --seed {config.seed} --n-train {config.n_train} "
            f"--n-val {config.n_val} --n-test {config.n_test}")
     if config.same_side_rate:
         cmd += f" --same-side-rate {config.same_side_rate:g}"
@@ -64,9 +68,10 @@ def generate_command(config: WorldConfig) -> str:
 
 
 def parse_reference(spec: str, n_train: int = SHIPPED_TRAIN_WORLD.n_train, n_val: int = SHIPPED_TRAIN_WORLD.n_val,
-                    held_out: Sequence[str] = ()) -> ReferenceWorld:
-    """`spec` a world seed (its scenes sampled at these sizes; `held_out` withheld, as in an exclude world) or a
-    generated world's folder or world.json."""
+                    held_out: Sequence[str] = (), kind: str = DEFAULT_KIND) -> ReferenceWorld:
+    """`spec` a world seed (its scenes sampled at these sizes with the defaults of world kind `kind`, as
+    `sampleworld generate --world KIND` draws them; `held_out` withheld, as in an exclude world) or a generated
+    world's folder or world.json."""
     try:
         seed = int(spec)
     except ValueError:
@@ -74,8 +79,17 @@ def parse_reference(spec: str, n_train: int = SHIPPED_TRAIN_WORLD.n_train, n_val
             raise ValueError(f"reference world {spec!r} is neither a seed nor an existing world folder / "
                              "world.json") from None
         return ReferenceWorld(path=str(spec))
-    return ReferenceWorld(config=WorldConfig(seed=seed, n_train=n_train, n_val=n_val, n_test=0,
-                                             held_out=tuple(held_out), held_out_mode="exclude"))
+    return ReferenceWorld(config=world_config(kind, seed=seed, n_train=n_train, n_val=n_val, n_test=0,
+                                              held_out=tuple(held_out), held_out_mode="exclude"))
+
+
+def world_kind_beside(annotations: str) -> str:
+    """The kind of the sample world whose world.json lies beside `annotations` (the default kind when none does):
+    a reference world given by its seed is drawn as that kind, since scenes of two kinds never mean the same."""
+    path = Path(annotations).parent / WORLD_JSON
+    if not path.is_file():
+        return DEFAULT_KIND
+    return json.loads(path.read_text(encoding="utf-8")).get("config", {}).get("kind", DEFAULT_KIND)
 
 
 def novel_images(scenes: Sequence[Scene], seen: FrozenSet[tuple]) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from edje.evaluation import novelty
+from edje.evaluation import held_out_templates, novelty
 from edje.evaluation.calibration import calibration_report, fit_platt
 from edje.evaluation.eval_config import EvalConfig
 from edje.evaluation.recall import rerank, within_group_accuracy
@@ -108,11 +108,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     device = pick_device(cfg.device)
     t0 = time.time()
     ann = load_annotations(cfg.annotations)
-    if cfg.max_queries_per_image:
-        keep = np.concatenate([c[:cfg.max_queries_per_image] for c in ann.image_to_captions()])
-        keep.sort()
-        ann = Annotations(ann.path, ann.image_ids, ann.image_paths, [ann.captions[j] for j in keep], ann.caption_image[keep])
-    world = world_families(ann)
+    records = world_records(ann)
+    ann, held_flags, added = choose_queries(ann, records, cfg)
+    world = None if records is None else families_and_scenes(records)
     novel = novel_mask(ann, world, cfg.novel_against)  # before any model runs: a missing world.json fails at once
     table, meta = read_token_tables(expand_paths(cfg.tokens))
     rows = select_rows(ann, table.column("image_id").to_pylist())
@@ -189,6 +187,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
             metrics[name]["within_family"] = family_metrics(orders[name], answers[name], *families[name], k)
         if novel is not None:
             metrics["novel"] = novel_metrics(cfg.novel_against, novel, ann, orders, answers, families, k)
+        if held_flags is not None:
+            metrics["held_out_templates"] = held_out_metrics(held_flags, added, orders["t2i"], answers["t2i"],
+                                                             families["t2i"], k)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -202,6 +203,24 @@ def evaluate(cfg: EvalConfig) -> Dict:
            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return metrics
+
+
+def choose_queries(ann: Annotations, records: Optional[Sequence[dict]],
+                   cfg: EvalConfig) -> Tuple[Annotations, Optional[np.ndarray], int]:
+    """The text queries: each image's first `max_queries_per_image` captions (all: None) and, in a world that records
+    caption templates, its first `held_out_template_queries` captions written from a held-out template; with whether
+    each query is one (None: no templates recorded) and how many were added for that split."""
+    flags = held_out_templates.caption_flags(ann, records)
+    if cfg.held_out_template_queries and flags is None:
+        print("[evaluate] --held-out-template-queries: the world beside the annotations records no caption templates "
+              "(open worlds do); no held-out-template split", flush=True)
+    per_image = ann.image_to_captions()
+    keep = held_out_templates.select_queries(per_image, flags, cfg.max_queries_per_image, cfg.held_out_template_queries)
+    if keep is None:
+        return ann, flags, 0
+    added = len(keep) - sum(min(len(c), cfg.max_queries_per_image) for c in per_image)
+    ann = Annotations(ann.path, ann.image_ids, ann.image_paths, [ann.captions[j] for j in keep], ann.caption_image[keep])
+    return ann, None if flags is None else flags[keep], added
 
 
 def novel_mask(ann: Annotations, world: Optional[Tuple[np.ndarray, List[Scene]]],
@@ -260,6 +279,19 @@ def novel_metrics(against: novelty.ReferenceWorld, novel: np.ndarray, ann: Annot
     return out
 
 
+def held_out_metrics(flags: np.ndarray, added: int, orders: Dict[str, np.ndarray], answers: Sequence[np.ndarray],
+                     families: tuple, k: int) -> Dict:
+    """Text→image recall and within-family accuracy over the queries written from a held-out caption template
+    (image→text ranks captions, so its answers are not split by their wording)."""
+    out: Dict = held_out_templates.summary(flags, added)
+    q = np.flatnonzero(flags)
+    out["t2i"] = {"queries": int(q.size)}
+    if q.size:
+        out["t2i"].update(stage_recalls(orders, answers, q))
+        out["t2i"]["within_family"] = family_metrics(orders, answers, *families, k, q)
+    return out
+
+
 def candidate_labels(candidates: np.ndarray, answers: Sequence[np.ndarray]) -> np.ndarray:
     """bool [Q, k]: whether each query's candidate is one of its answers."""
     return np.stack([np.isin(row, ans) for row, ans in zip(candidates, answers)])
@@ -287,14 +319,25 @@ def family_groups(ann: Annotations) -> Optional[np.ndarray]:
 def world_families(ann: Annotations) -> Optional[Tuple[np.ndarray, List[Scene]]]:
     """From one read of the world.json beside the annotations (when it holds every image): each image's
     family id and scene."""
+    records = world_records(ann)
+    return None if records is None else families_and_scenes(records)
+
+
+def world_records(ann: Annotations) -> Optional[List[dict]]:
+    """Each annotation image's record in the world.json beside the annotations, when there is one holding every
+    image."""
     world = ann.path.parent / "world.json"
     if not world.exists():
         return None
     records = {r["image_id"]: r for r in json.loads(world.read_text())["images"]}
     if not all(i in records for i in ann.image_ids):
         return None
-    rows = [records[i] for i in ann.image_ids]
-    return np.array([r["family_id"] for r in rows]), [scene_from_json(r) for r in rows]
+    return [records[i] for i in ann.image_ids]
+
+
+def families_and_scenes(records: Sequence[dict]) -> Tuple[np.ndarray, List[Scene]]:
+    """Each record's family id and scene."""
+    return np.array([r["family_id"] for r in records]), [scene_from_json(r) for r in records]
 
 
 DIRECTIONS = (("t2i", "text→image"), ("i2t", "image→text"))
@@ -327,6 +370,8 @@ def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: in
         lines += twin_markdown(metrics)
     if "novel" in metrics:
         lines += novel_markdown(metrics["novel"])
+    if "held_out_templates" in metrics:
+        lines += held_out_markdown(metrics["held_out_templates"])
     return "\n".join(lines) + "\n"
 
 
@@ -336,6 +381,8 @@ def recall_markdown(block: Dict, family: bool = False, queries: bool = False, ga
     cols = ["R@1", "R@5", "R@10"] + ["within-family"] * family + ["queries"] * queries
     lines = ["| direction | stage | " + " | ".join(cols) + " |", "| --- | --- |" + " ---: |" * len(cols)]
     for d, label in DIRECTIONS:
+        if d not in block:  # a split of one direction (held-out templates: text→image)
+            continue
         for stage, name in STAGE_NAMES.items():
             if stage not in block[d]:
                 continue
@@ -354,7 +401,7 @@ def recall_markdown(block: Dict, family: bool = False, queries: bool = False, ga
 
 def family_blocks(block: Dict) -> List[Tuple[str, Dict]]:
     """(direction, within-family metrics) of each direction of `block` that has them."""
-    return [(d, block[d]["within_family"]) for d, _ in DIRECTIONS if "within_family" in block[d]]
+    return [(d, block[d]["within_family"]) for d, _ in DIRECTIONS if "within_family" in block.get(d, {})]
 
 
 def twin_markdown(block: Dict, subsets: Optional[str] = None) -> List[str]:
@@ -401,3 +448,16 @@ def novel_markdown(novel: Dict, subsets: Optional[str] = None) -> List[str]:
         return ["", f"{counts} No test image is novel: nothing to report over novel answers."]
     return ["", f"{counts} Over the queries whose answer is novel:", "",
             *recall_markdown(novel, family=True, queries=True), *twin_markdown(novel, subsets)]
+
+
+def held_out_markdown(block: Dict, subsets: Optional[str] = None) -> List[str]:
+    """The held-out-template counts and the text→image figures over those queries (`twin_markdown`'s with
+    `subsets`), as Markdown lines."""
+    added = (f"; {block['added_queries']} of them were added to each image's first captions for this split"
+             if block["added_queries"] else "")
+    counts = (f"Held-out caption templates: {block['held_out_queries']} of the {block['queries']} text queries are "
+              f"written from a template no training caption uses{added}.")
+    if not block["t2i"]["queries"]:
+        return ["", f"{counts} Nothing to report over them."]
+    return ["", f"{counts} Over those queries alone:", "", *recall_markdown(block, family=True, queries=True),
+            *twin_markdown(block, subsets)]

@@ -5,7 +5,10 @@
 Writes metrics.json ({"t2i": {"first_stage": {...}, "reranked": {...}}, "i2t": {...}}), metrics.md,
 examples.png and run.json (config, timings) to --output. With --novel-against 100 (a world seed, or a generated
 world's folder) metrics.json's "novel" block counts the test images whose meaning repeats a training scene of that
-world and gives every figure again over the queries whose answer is novel (evaluation/novelty.py).
+world and gives every figure again over the queries whose answer is novel (evaluation/novelty.py); a seed's world is
+drawn as the kind of the world beside --annotations. On an open world, metrics.json's "held_out_templates" block gives
+the text→image figures over the queries written from a held-out (test-only) caption template;
+--held-out-template-queries N adds each image's first N such captions to the queries --max-queries-per-image keeps.
 
   python jobs/evaluate.py --compare benchmarks/comparison_seed57.json --output runs/compare57
 Reads the evaluation outputs a spec names into one table of reranker designs over the same first stage
@@ -31,7 +34,8 @@ def main(argv=None) -> None:
                    help="also report every figure over the queries whose answer image's meaning (Scene.signature) is "
                    "in no training scene of this world: a generated world's folder or world.json, or a world seed "
                    "whose scenes are sampled (nothing rendered) at --novel-against-n-train/-n-val; 100 is the shipped "
-                   "checkpoints' training world. Needs the sample world's world.json beside --annotations")
+                   "checkpoints' training world; a seed's world is of the kind of the world beside --annotations. Needs "
+                   "the sample world's world.json beside --annotations")
     p.add_argument("--novel-against-n-train", type=int, default=12000,
                    help="train images of the --novel-against seed's world (default %(default)s: world 100's)")
     p.add_argument("--novel-against-n-val", type=int, default=500,
@@ -49,11 +53,11 @@ def main(argv=None) -> None:
         return
     if not a.annotations or not a.tokens:
         p.error("--annotations and --tokens are required (unless --compare)")
-    from edje.evaluation.novelty import parse_reference
+    from edje.evaluation.novelty import parse_reference, world_kind_beside
     from edje.evaluation.rerank_eval import evaluate  # here: --compare needs neither torch models nor FAISS
     try:
         against = parse_reference(a.novel_against, a.novel_against_n_train, a.novel_against_n_val,
-                                  a.novel_against_held_out) if a.novel_against else None
+                                  a.novel_against_held_out, world_kind_beside(a.annotations)) if a.novel_against else None
     except ValueError as e:
         p.error(str(e))
     cfg = from_args(EvalConfig, a, novel_against=against)

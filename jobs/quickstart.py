@@ -1,6 +1,7 @@
 """The whole EDJE loop on the embedded default, in one command, on one machine with no internet.
 
-    .venv/bin/python jobs/quickstart.py
+    .venv/bin/python jobs/quickstart.py                 # the shapes world
+    .venv/bin/python jobs/quickstart.py --world open    # the open-vocabulary world (551 emoji nouns)
 
 1. a local Ray cluster; 2. the sample world generated and served on loopback; 3. img2dataset
 downloads it and the encode job writes raw backbone-token tables (training input); 4. the
@@ -11,10 +12,14 @@ request; 8. a table of recall before and after and the top results of that reque
 Everything it started is stopped at the end; with --keep-serving the server stays up on the quickstart's
 corpus with the search page on (thumbnails from the sample world's image folder), until Ctrl-C.
 
-The report counts the test images whose meaning (Scene.signature) repeats a training scene of the checkpoint's
-training world (--train-world-seed 100, the shipped checkpoints') and gives recall and within-family accuracy again
-over the novel ones. --held-out-mode only|exclude tests a checkpoint whose config.json names the attribute
-combinations it never saw (`held_out`) on a world made only of them, or on one without them.
+--world picks the sample world and, with it, the defaults of the options that say "the chosen world's": the
+reranker, its backbone's weights (the backbone itself is the one the checkpoint's config.json names) and its
+training world. The report counts the test images whose meaning (Scene.signature) repeats a training scene of the
+checkpoint's training world (shapes: --train-world-seed 100, the shipped checkpoints'; open: 300) and gives recall
+and within-family accuracy again over the novel ones. On the open world it also gives the text→image figures over
+the queries written from a held-out (test-only) caption template. --held-out-mode only|exclude tests a checkpoint
+whose config.json names the combinations it never saw (`held_out`) on a world made only of them, or on one without
+them.
 """
 from __future__ import annotations
 
@@ -24,27 +29,30 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Union
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the quickstart needs only files the repository ships
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from edje.jobs.quickstart_worlds import DEFAULT_WORLD, WORLD_PRESETS, per_world, preset  # noqa: E402
 from edje.schemas.cli_options import add_options, from_args, option  # noqa: E402
-from edje.schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, LOCAL_RERANKER, SHIPPED_BACKBONE_WEIGHTS  # noqa: E402
+from edje.schemas.shipped import LOCAL_RERANKER  # noqa: E402
 from edje.serving.ports import free_port  # noqa: E402
 
-BACKBONE = DEFAULT_BACKBONE
-BACKBONE_WEIGHTS = ROOT / SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE]
-CHECKPOINT = ROOT / DEFAULT_RERANKER
+NO_SPLIT = "none"  # --train-world-seed none: no novel-meaning split (None is "the chosen world's")
 
 
-def seed_or_none(text: str) -> Optional[int]:
-    """A world seed, or None for 'none'."""
-    return None if text.lower() == "none" else int(text)
+def seed_or_none(text: str) -> Union[int, str]:
+    """A world seed, or NO_SPLIT for 'none'."""
+    return NO_SPLIT if text.lower() == NO_SPLIT else int(text)
+
+
+class MissingFile(FileNotFoundError):
+    """A file the run needs is not there; raised before Ray starts, its message one line."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +60,22 @@ class QuickstartConfig:
     """Options of the quickstart run (each field's command-line option is written on it)."""
 
     output: str = option("runs/quickstart", help="output folder (default %(default)s)")
-    seed: int = option(0, help="sample world seed (default %(default)s: the benchmark's world)")
-    checkpoint: str = option(str(CHECKPOINT), help=f"EDJE checkpoint (default: the shipped {DEFAULT_RERANKER}, 16 "
-                             f"compressed tokens a image; {LOCAL_RERANKER} is the local one over all 64 backbone tokens)")
-    backbone_weights: str = option(str(BACKBONE_WEIGHTS), help="backbone checkpoint (default: shipped)")
+    world: str = option(DEFAULT_WORLD, choices=tuple(WORLD_PRESETS), help="sample world: shapes (coloured shapes) or "
+                        "open (551 emoji nouns); the options below that default to 'the chosen world's' follow it "
+                        "(default %(default)s)")
+    seed: int = option(0, help="sample world seed (default %(default)s: on shapes, the benchmark's world)")
+    # None (here and below): the chosen world's, from its preset (jobs/quickstart_worlds.py).
+    checkpoint: Optional[str] = option(
+        None, help=f"EDJE checkpoint (default: the chosen world's: {per_world('checkpoint')}; on shapes "
+        f"{LOCAL_RERANKER} is the local one over all 64 backbone tokens)")
+    backbone_weights: Optional[str] = option(
+        None, help=f"weights of the backbone the checkpoint's config.json names (default: the chosen world's: "
+        f"{per_world('backbone_weights')}; with another --checkpoint, the weights its config.json records)")
     quant: str = option("int8", choices=["fp16", "int8", "int4"], help="token storage (default %(default)s)")
     k: int = option(10, help="first-stage candidates reranked (default %(default)s)")
     queries_per_image: Optional[int] = option(1, help="text→image queries per test image (default %(default)s; 5 = "
                                               "all captions, slower)")
-    pretrain_steps: int = option(0, help="run a short Ray Train pretraining from the shipped checkpoint first "
+    pretrain_steps: int = option(0, help="run a short Ray Train pretraining from the checkpoint first "
                                  "(default: none)")
     num_cpus: int = option(2, help="CPUs of the local Ray (default %(default)s)")
     # whole families are kept
@@ -70,21 +85,34 @@ class QuickstartConfig:
     port: int = option(0, help="Serve's HTTP port (default: a free one)")  # 0: a free one
     # Share of two-object families with both objects on one side of the image centre: relations there
     # cannot be read from the subject's side alone, and the report gives them as their own subset.
-    same_side_rate: float = option(0.25, help="share of two-object families with both objects on one side of the "
-                                   "centre (default %(default)s)")
+    same_side_rate: Optional[float] = option(
+        None, help=f"share of two-object families with both objects on one side of the centre (default: the chosen "
+        f"world's: {per_world('same_side_rate')})")
     # The world the checkpoint was trained on: test images whose meaning repeats one of its training scenes are
-    # counted, and every figure is given again over the others. None: no such split.
-    train_world_seed: Optional[int] = option(
-        100, type=seed_or_none, help="world the checkpoint was trained on (default %(default)s: the shipped "
-        "checkpoints'; 'none' skips the split): test images whose meaning repeats one of its training scenes are "
-        "counted and every figure is given again over the novel ones; its scenes are sampled, nothing rendered")
-    train_world_n_train: int = option(12000, help="train images of that world (default %(default)s)")
-    train_world_n_val: int = option(500, help="val images of that world (default %(default)s)")
+    # counted, and every figure is given again over the others. NO_SPLIT: no such split.
+    train_world_seed: Union[int, str, None] = option(
+        None, type=seed_or_none, help=f"world the checkpoint was trained on (default: the chosen world's, its "
+        f"checkpoint's: {per_world('train_world_seed')}; 'none' skips the split): test images whose "
+        "meaning repeats one of its training scenes are counted and every figure is given again over the novel ones; "
+        "its scenes are sampled, nothing rendered")
+    train_world_n_train: Optional[int] = option(
+        None, help=f"train images of that world (default: the chosen world's: {per_world('train_world_n_train')})")
+    train_world_n_val: Optional[int] = option(
+        None, help=f"val images of that world (default: the chosen world's: {per_world('train_world_n_val')})")
     # "only" / "exclude": test on a world made only of the checkpoint's held-out combinations, or without them.
     held_out_mode: Optional[str] = option(
-        None, choices=("only", "exclude"), help="test on a world made only of the attribute combinations the "
-        "checkpoint never saw (its config.json's held_out), or on one without them: a test split alone, as "
-        "`sampleworld generate --n-train 0 --n-val 0 --held-out ... --held-out-mode MODE`")
+        None, choices=("only", "exclude"), help="test on a world made only of the combinations the checkpoint never "
+        "saw (its config.json's held_out), or on one without them: a test split alone, as `sampleworld generate "
+        "--world WORLD --n-train 0 --n-val 0 --held-out ... --held-out-mode MODE`")
+
+
+@dataclass(frozen=True)
+class Models:
+    """The reranker checkpoint and the backbone it was trained with, as this run uses them."""
+
+    checkpoint: str
+    backbone: str  # the open_clip name the checkpoint's config.json records
+    backbone_weights: str
 
 
 def step(n: int, text: str, t0: float) -> None:
@@ -95,6 +123,12 @@ def step(n: int, text: str, t0: float) -> None:
 
 def run(cfg: QuickstartConfig) -> dict:
     """Run the loop; returns the recall metrics and the rerank response."""
+    # Everything that can fail on the files at hand fails here, before Ray is imported or started.
+    cfg = world_defaults(cfg)
+    models = resolve_models(cfg)
+    held_out = checkpoint_held_out(models.checkpoint, required=cfg.held_out_mode is not None,
+                                   kind=preset(cfg.world).kind)
+
     import ray
     import requests
     from ray import serve
@@ -108,7 +142,6 @@ def run(cfg: QuickstartConfig) -> dict:
 
     t0 = time.time()
     out = (ROOT / cfg.output).resolve() if not os.path.isabs(cfg.output) else Path(cfg.output)
-    held_out = checkpoint_held_out(cfg.checkpoint, required=cfg.held_out_mode is not None)  # fails before Ray starts
     world_cfg = world_config(cfg, held_out)
     against = reference_world(cfg, held_out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,25 +150,26 @@ def run(cfg: QuickstartConfig) -> dict:
     ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False)
     server = None
     try:
-        step(2, f"generating the sample world (seed {cfg.seed}) and serving it on loopback", t0)
+        step(2, f"generating the {cfg.world} sample world (seed {cfg.seed}) and serving it on loopback", t0)
         if cfg.held_out_mode:
-            print(f"    {held_out_line(held_out, cfg.held_out_mode, cfg.checkpoint)}", flush=True)
+            print(f"    {held_out_line(held_out, cfg.held_out_mode, models.checkpoint)}", flush=True)
         world = prepare_world(out, world_cfg)
         server = serve_directory(world, port=previous_port(out / "test_urls.tsv"))
         urls = test_url_list(world, server.base_url, out / "test_urls.tsv", cfg.test_images)
         print(f"    {server.base_url} serves {world}; url list of the test split: {urls}", flush=True)
 
-        step(3, "img2dataset download + raw backbone-token encode (Ray Data)", t0)
-        common = dict(input=str(urls), backbone=BACKBONE, pretrained=cfg.backbone_weights, shard_size=250,
+        step(3, f"img2dataset download + raw backbone-token encode with {models.backbone} (Ray Data)", t0)
+        common = dict(input=str(urls), backbone=models.backbone, pretrained=models.backbone_weights, shard_size=250,
                       num_cpus=cfg.num_cpus)
         raw = run_encode_job(EncodeJobConfig(output=str(out / "raw"), **common))
 
-        checkpoint = cfg.checkpoint
+        checkpoint = models.checkpoint
         if cfg.pretrain_steps:
-            step(4, f"short pretraining on Ray Train ({cfg.pretrain_steps} steps, from the shipped checkpoint)", t0)
+            step(4, f"short pretraining on Ray Train ({cfg.pretrain_steps} steps, from {shown_path(models.checkpoint)})",
+                 t0)
             checkpoint = str(out / "pretrained")
             subprocess.run([sys.executable, str(ROOT / "jobs" / "pretrain.py"), "--tables", *raw["tables"],
-                            "--storage-path", str(out / "train"), "--name", "quickstart", "--init", cfg.checkpoint,
+                            "--storage-path", str(out / "train"), "--name", "quickstart", "--init", models.checkpoint,
                             "--max-steps", str(cfg.pretrain_steps), "--num-workers", "1", "--batch-size", "16",
                             "--export", checkpoint, "--ray-address", ray.get_runtime_context().gcs_address],
                            check=True)
@@ -153,14 +187,15 @@ def run(cfg: QuickstartConfig) -> dict:
         ann = annotations(world, cfg.test_images)
         metrics = evaluate(EvalConfig(annotations=str(ann), tokens=list(comp["tables"]),
                                       output=str(out / "eval"), checkpoint=checkpoint, k=cfg.k,
-                                      backbone_pretrained=cfg.backbone_weights,
-                                      max_queries_per_image=cfg.queries_per_image, novel_against=against))
+                                      backbone_pretrained=models.backbone_weights,
+                                      max_queries_per_image=cfg.queries_per_image, novel_against=against,
+                                      held_out_template_queries=preset(cfg.world).held_out_template_queries))
 
         step(7, "Ray Serve: token store + first stage + reranker behind FastAPI; one /v1/rerank request", t0)
         port = cfg.port or free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve_cfg = ServeConfig(checkpoint=checkpoint, token_tables=tuple(comp["tables"]),
-                                backbone_pretrained=cfg.backbone_weights)
+                                backbone_pretrained=models.backbone_weights)
         if cfg.keep_serving:
             serve_cfg = serve_cfg.replace(**page_options(world, ann, out))
         serve.run(build(serve_cfg), name="edje", route_prefix="/")
@@ -173,7 +208,7 @@ def run(cfg: QuickstartConfig) -> dict:
 
         step(8, "results", t0)
         if cfg.held_out_mode:
-            print(f"\n{held_out_line(held_out, cfg.held_out_mode, cfg.checkpoint)}")
+            print(f"\n{held_out_line(held_out, cfg.held_out_mode, models.checkpoint)}")
         print_report(metrics, query, documents, answer, response, raw, comp)
         (out / "rerank_response.json").write_text(json.dumps(response, indent=2))
         print(f"\nquickstart finished in {time.time() - t0:.0f}s; outputs under {out} "
@@ -193,10 +228,11 @@ def run(cfg: QuickstartConfig) -> dict:
             server.stop()
 
 
-def checkpoint_held_out(checkpoint: str, required: bool = False) -> tuple:
-    """The attribute combinations the checkpoint never saw in training (config.json's `held_out`, in the `--held-out`
-    syntax of `sampleworld generate`); ValueError when `required` and it names none."""
-    from edje.sampleworld.held_out import HeldOut
+def checkpoint_held_out(checkpoint: str, required: bool = False, kind: str = DEFAULT_WORLD) -> tuple:
+    """The combinations the checkpoint never saw in training (config.json's `held_out`, in the `--held-out` syntax of
+    `sampleworld generate --world KIND`); ValueError when `required` and it names none, or names a value that world
+    kind does not know."""
+    from edje.sampleworld.registry import world_kind
 
     path = Path(checkpoint) / "config.json"
     held = json.loads(path.read_text()).get("held_out") if path.exists() else None
@@ -208,31 +244,87 @@ def checkpoint_held_out(checkpoint: str, required: bool = False) -> tuple:
         return ()
     if isinstance(held, str) or not all(isinstance(h, str) for h in held):
         raise ValueError(f"{path}: `held_out` must be a list of VALUE+VALUE strings, got {held!r}")
-    HeldOut.parse(held)  # the generator's own check: an unknown value or a bad spelling fails here, not mid-run
+    world_kind(kind).parse_held_out(held, "exclude")  # the generator's own check: fails here, not mid-run
     return tuple(held)
 
 
-def world_config(cfg: QuickstartConfig, held_out: tuple):
-    """The sample world to test on: the seed's default world, or (--held-out-mode) a test split only made of, or
-    without, the held-out combinations, as BENCHMARKS.md's t9898 / t9797 (its first N images whatever N is)."""
-    from edje.sampleworld import WorldConfig
+def world_defaults(cfg: QuickstartConfig) -> QuickstartConfig:
+    """`cfg` with the options left to the chosen world taken from its preset (no file read; the backbone weights are
+    resolve_models's, since with another checkpoint they are the ones it records)."""
+    p = preset(cfg.world)
+    return replace(cfg, checkpoint=cfg.checkpoint or str(ROOT / p.checkpoint),
+                   same_side_rate=p.same_side_rate if cfg.same_side_rate is None else cfg.same_side_rate,
+                   train_world_seed=p.train_world_seed if cfg.train_world_seed is None else cfg.train_world_seed,
+                   train_world_n_train=p.train_world_n_train if cfg.train_world_n_train is None else cfg.train_world_n_train,
+                   train_world_n_val=p.train_world_n_val if cfg.train_world_n_val is None else cfg.train_world_n_val)
 
+
+def resolve_models(cfg: QuickstartConfig) -> Models:
+    """The checkpoint, the backbone its config.json names and that backbone's weights: --backbone-weights, else the
+    world's shipped file for the world's own checkpoint, else the file the checkpoint records. MissingFile (one line)
+    when a file is not there."""
+    from edje.schemas.weights import find_weights
+
+    cfg = world_defaults(cfg)
+    p = preset(cfg.world)
+    default_ck = Path(cfg.checkpoint).resolve() == (ROOT / p.checkpoint).resolve()
+    default_weights = ROOT / p.backbone_weights
+    config = Path(cfg.checkpoint) / "config.json"
+    missing = []
+    if not config.is_file():
+        missing.append(f"reranker {shown_path(cfg.checkpoint)} (no config.json there)")
+    if default_ck and not cfg.backbone_weights and not default_weights.is_file():
+        missing.append(f"backbone weights file {shown_path(str(default_weights))}")
+    if missing:
+        whose = f"the {cfg.world} world's default " if default_ck else ""
+        raise MissingFile(f"{whose}{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing; "
+                          f"--checkpoint and --backbone-weights choose others")
+    backbone = json.loads(config.read_text()).get("config", {}).get("backbone", {})
+    if not backbone.get("name"):
+        raise MissingFile(f"{shown_path(str(config))} names no backbone (config.backbone.name); is it an EDJE "
+                          f"checkpoint? --checkpoint chooses another")
+    if cfg.backbone_weights:
+        weights = cfg.backbone_weights
+    elif default_ck:
+        weights = str(default_weights)
+    else:
+        recorded = backbone.get("pretrained")
+        weights = find_weights(recorded, checkpoint=cfg.checkpoint) if recorded else None
+        if weights is None or not Path(weights).is_file():
+            raise MissingFile(f"the backbone weights {recorded!r} that {shown_path(str(config))} records are not on "
+                              f"this machine; --backbone-weights names them")
+    return Models(checkpoint=cfg.checkpoint, backbone=backbone["name"], backbone_weights=weights)
+
+
+def world_config(cfg: QuickstartConfig, held_out: tuple):
+    """The sample world to test on: the chosen kind's default world for the seed (`sampleworld generate --world KIND`'s
+    defaults), or (--held-out-mode) a test split only made of, or without, the held-out combinations, as
+    BENCHMARKS.md's t9898 / t9797 (its first N images whatever N is)."""
+    from edje.sampleworld.registry import world_config as kind_world
+
+    cfg = world_defaults(cfg)
+    kind = preset(cfg.world).kind
+    # None: the kind's own default, so it is not passed
+    side = {} if cfg.same_side_rate is None else {"same_side_rate": cfg.same_side_rate}
     if not cfg.held_out_mode:
-        return WorldConfig(seed=cfg.seed, same_side_rate=cfg.same_side_rate)
-    family = WorldConfig().family_size
-    n_test = -(-(cfg.test_images or WorldConfig().n_test) // family) * family  # whole families
-    return WorldConfig(seed=cfg.seed, n_train=0, n_val=0, n_test=n_test, same_side_rate=cfg.same_side_rate,
-                       held_out=held_out, held_out_mode=cfg.held_out_mode)
+        return kind_world(kind, seed=cfg.seed, **side)
+    base = kind_world(kind)
+    n_test = -(-(cfg.test_images or base.n_test) // base.family_size) * base.family_size  # whole families
+    return kind_world(kind, seed=cfg.seed, n_train=0, n_val=0, n_test=n_test, held_out=held_out,
+                      held_out_mode=cfg.held_out_mode, **side)
 
 
 def reference_world(cfg: QuickstartConfig, held_out: tuple):
-    """The checkpoint's training world, whose train scenes count as seen; it withheld the checkpoint's held-out
-    combinations (an exclude world, as ex100 for the held-out twins). None without --train-world-seed."""
+    """The checkpoint's training world, whose train scenes count as seen, drawn as the chosen world's kind; it
+    withheld the checkpoint's held-out combinations (an exclude world, as ex100 for the held-out twins). None with
+    --train-world-seed none."""
     from edje.evaluation.novelty import parse_reference
 
-    if cfg.train_world_seed is None:
+    cfg = world_defaults(cfg)
+    if cfg.train_world_seed == NO_SPLIT:
         return None
-    return parse_reference(str(cfg.train_world_seed), cfg.train_world_n_train, cfg.train_world_n_val, held_out)
+    return parse_reference(str(cfg.train_world_seed), cfg.train_world_n_train, cfg.train_world_n_val, held_out,
+                           preset(cfg.world).kind)
 
 
 def prepare_world(out: Path, config) -> Path:
@@ -342,7 +434,7 @@ def rerank_request(world: Path, limit: Optional[int]):
     test = [r for r in manifest.images if r.split == "test"][:limit]
     target = test[len(test) // 3]
     family = [r.image_id for r in test if r.family_id == target.family_id]
-    others = [r.image_id for r in test if r.family_id != target.family_id][:10 - len(family)]
+    others = [r.image_id for r in test if r.family_id != target.family_id][:max(0, 10 - len(family))]
     documents = sorted(family + others)
     return target.captions[0], documents, target.image_id
 
@@ -350,7 +442,7 @@ def rerank_request(world: Path, limit: Optional[int]):
 def recall_report(metrics: dict) -> str:
     """Recall and within-family accuracy of each stage, both directions, by twin kind, and again over the novel
     answers, as the Markdown tables of eval/metrics.md."""
-    from edje.evaluation.rerank_eval import novel_markdown, recall_markdown, twin_markdown
+    from edje.evaluation.rerank_eval import held_out_markdown, novel_markdown, recall_markdown, twin_markdown
 
     # Within-family: the right image (caption) ranked above its binding twins, among queries whose top k holds both:
     # what reranking is for. Of the relation subsets, the side one: where the subject's side alone cannot decide.
@@ -359,6 +451,8 @@ def recall_report(metrics: dict) -> str:
              *recall_markdown(metrics, family=True), *twin_markdown(metrics, subsets="side")]
     if "novel" in metrics:
         lines += novel_markdown(metrics["novel"], subsets="side")
+    if "held_out_templates" in metrics:
+        lines += held_out_markdown(metrics["held_out_templates"], subsets="side")
     return "\n".join(lines)
 
 
@@ -381,12 +475,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Parse options and run the quickstart."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(p, QuickstartConfig)
-    a = p.parse_args(argv)
+    cfg = from_args(QuickstartConfig, p.parse_args(argv))
+    checkpoint = world_defaults(cfg).checkpoint
     try:
-        checkpoint_held_out(a.checkpoint, required=a.held_out_mode is not None)
+        if (Path(checkpoint) / "config.json").is_file():  # a missing checkpoint is run's to report, by name
+            checkpoint_held_out(checkpoint, required=cfg.held_out_mode is not None, kind=preset(cfg.world).kind)
     except ValueError as e:
         p.error(str(e))
-    run(from_args(QuickstartConfig, a))
+    try:
+        run(cfg)
+    except MissingFile as e:
+        raise SystemExit(f"quickstart: {e}") from None
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -53,6 +53,11 @@ def sample_open_records(config: WorldConfig) -> list[ImageRecord]:
     return records
 
 
+def parse_open_held_out(specs: Iterable[str], mode: str = "exclude") -> OpenHeldOut:
+    """Held-out combinations of an open world ("dog+large", "animal+two") over the glyph table."""
+    return OpenHeldOut.parse(specs, load_glyphs(), mode)
+
+
 def open_vocabulary() -> dict[str, Any]:
     """world.json's vocabulary of an open world: the glyph table's nouns, attribute values, relations, templates."""
     table = load_glyphs()
@@ -81,5 +86,6 @@ OPEN_WORLD = WorldKind(
     swap_from_json=OpenSwap.from_json,
     difference=open_difference,
     grounding=open_caption_grounding,
+    parse_held_out=parse_open_held_out,
     defaults=OPEN_DEFAULTS,
 )

@@ -80,4 +80,5 @@ SHAPES_WORLD = WorldKind(
     swap_from_json=Swap.from_json,
     difference=shapes_difference,
     grounding=caption_grounding,
+    parse_held_out=HeldOut.parse,
 )

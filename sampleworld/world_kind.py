@@ -3,7 +3,7 @@ kind they hold (sampleworld/registry.py finds a kind by name)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from .records import ImageRecord, WorldConfig
 @dataclass(frozen=True, eq=False)  # one object per kind: compared and hashed by identity
 class WorldKind:
     """One kind of world: its name, twin kinds and command-line defaults, and the functions that draw, render,
-    describe, read back and compare its scenes."""
+    describe, read back and compare its scenes and read its held-out combinations."""
 
     name: str
     # The twin kinds its families are drawn with, in drawing order; evaluation and reports list them in this order.
@@ -25,5 +25,8 @@ class WorldKind:
     swap_from_json: Callable[[dict], Any]
     difference: Callable[[Any, Any], str]  # what differs between two scenes of one family: a twin kind or TWO_SWAPS
     grounding: Callable[[str, Any], list[list[float]]]  # (caption, scene) -> [[word index, centre x, centre y], ...]
+    # (VALUE+VALUE specs, mode) -> the kind's held-out combinations; ValueError names a value the kind does not know,
+    # so a checkpoint's `held_out` can be checked before anything is generated.
+    parse_held_out: Callable[[Iterable[str], str], Any]
     # WorldConfig values an unset command-line option takes where this kind's differ from WorldConfig's.
     defaults: dict[str, Any] = field(default_factory=dict)

@@ -137,7 +137,7 @@ ARGV: Dict[str, List[List[str]]] = {
     "distill": [["--tables", "/t", "--storage-path", "/s", "--name", "n", "--teacher", "/teach"],
                 ["--tables", "/t", "--storage-path", "/s", "--name", "n", "--teacher", "/teach", "--init", "/i"]],
     "quickstart": [
-        ["--output", "o", "--seed", "3", "--checkpoint", "ck", "--backbone-weights", "w", "--quant", "int4",
+        ["--output", "o", "--world", "open", "--seed", "3", "--checkpoint", "ck", "--backbone-weights", "w", "--quant", "int4",
          "--k", "5", "--queries-per-image", "2", "--pretrain-steps", "4", "--test-images", "8", "--num-cpus", "3",
          "--keep-serving", "--port", "8123", "--same-side-rate", "0.5", "--train-world-seed", "none",
          "--train-world-n-train", "10", "--train-world-n-val", "2"],
@@ -167,6 +167,7 @@ ARGV: Dict[str, List[List[str]]] = {
         ["--annotations", "a.json", "--tokens", "t1", "t2", "--checkpoint", "ck", "--k", "5", "--output", "o",
          "--add-first-stage-similarity", "0.3", "--quant", "int8",
          "--group-size", "16", "--backbone-pretrained", "w", "--batch-size", "8", "--max-queries-per-image", "2",
+         "--held-out-template-queries", "1",
          "--examples", "1", "--threads", "2", "--device", "cpu", "--novel-against", "100",
          "--novel-against-n-train", "10", "--novel-against-n-val", "2", "--novel-against-held-out", "red+circle"],
         ["--annotations", "a.json", "--tokens", "t1", "--output", "o", "--backbone-only", "--fit-first-stage-weight",

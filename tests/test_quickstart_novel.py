@@ -61,8 +61,8 @@ def test_reference_world_follows_the_options_and_the_checkpoints_held_out():
     held = qs.reference_world(qs.QuickstartConfig(train_world_seed=5), tuple(COMBOS))
     assert held.config.seed == 5 and held.config.held_out == tuple(COMBOS) and held.config.held_out_mode == "exclude"
     assert "--held-out red+circle large+square --held-out-mode exclude" in held.describe()
-    assert qs.reference_world(qs.QuickstartConfig(train_world_seed=None), ()) is None
-    assert qs.seed_or_none("none") is None and qs.seed_or_none("12") == 12
+    assert qs.reference_world(qs.QuickstartConfig(train_world_seed=qs.NO_SPLIT), ()) is None
+    assert qs.seed_or_none("none") == qs.NO_SPLIT and qs.seed_or_none("12") == 12
 
 
 @pytest.fixture
@@ -151,7 +151,8 @@ def test_every_option_reaches_the_config(monkeypatch):
     qs.main([])
     qs.main(["--seed", "5", "--test-images", "40", "--train-world-seed", "none", "--keep-serving", "--quant", "int4"])
     assert runs[0] == qs.QuickstartConfig()
-    assert runs[1] == qs.QuickstartConfig(seed=5, test_images=40, train_world_seed=None, keep_serving=True, quant="int4")
+    assert runs[1] == qs.QuickstartConfig(seed=5, test_images=40, train_world_seed=qs.NO_SPLIT, keep_serving=True,
+                                          quant="int4")
 
 
 @pytest.mark.slow
