@@ -40,7 +40,7 @@ WORLD_PRESETS: Dict[str, WorldPreset] = {
     # Trained on world 300 (`sampleworld generate --world open --seed 300 --n-train 12000 --n-val 1000 --n-test 0`)
     # with the edje-tiny-convvit-128 backbone.
     "open": WorldPreset(kind="open", checkpoint="checkpoints/edje-open-c16",
-                        backbone_weights="checkpoints/edje-open-convvit-128.safetensors", train_world_seed=300,
+                        backbone_weights=SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit-128"], train_world_seed=300,
                         train_world_n_train=12000, train_world_n_val=1000, held_out_template_queries=1),
 }
 DEFAULT_WORLD = "shapes"

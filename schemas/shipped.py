@@ -18,4 +18,6 @@ LOCAL_RERANKER = "checkpoints/edje-local-rel"
 SHIPPED_BACKBONE_WEIGHTS: Dict[str, str] = {
     "edje-tiny-convvit": "checkpoints/edje-tiny-convvit-sw.safetensors",
     "edje-tiny-clip": "checkpoints/edje-tiny-clip-sw.safetensors",  # the previous default: no shape (BENCHMARKS.md)
+    # The open-vocabulary world's backbone (551 emoji nouns; BENCHMARKS.md "The open-vocabulary world").
+    "edje-tiny-convvit-128": "checkpoints/edje-open-convvit-128.safetensors",
 }
