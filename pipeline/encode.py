@@ -76,7 +76,7 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
     ck = from_dict(EDJEConfig, read_checkpoint_config(adapter)["config"]).backbone
     for flag, value, want in (("--backbone", name, ck.name), ("--pretrained", pretrained, ck.pretrained),
                               ("--feature-layer", feature_layer, ck.feature_layer)):
-        same = _same_weights(value, want) if flag == "--pretrained" else value == want
+        same = _same_weights(value, want, ck.weights_sha256) if flag == "--pretrained" else value == want
         if value is not None and not same:
             raise ValueError(f"{flag} {value!r} does not match the adapter checkpoint {adapter}, "
                              f"which was trained on {want!r}")
@@ -84,13 +84,14 @@ def resolve_backbone(name: Optional[str], pretrained: Optional[str], feature_lay
     return pin(dataclasses.replace(ck, pretrained=pretrained) if pretrained else ck)
 
 
-def _same_weights(given: Optional[str], recorded: Optional[str]) -> bool:
+def _same_weights(given: Optional[str], recorded: Optional[str], recorded_sha256: Optional[str] = None) -> bool:
     """Same tag, or the same weights: one file reached by another path (relative to here or to the
-    repository, as shipped checkpoints record them), or a byte-identical copy."""
+    repository, as shipped checkpoints record them), or a byte-identical copy, checked against the digest the
+    checkpoint recorded when it has one (the recorded path may only exist on the machine that trained it)."""
     if given == recorded or given is None or recorded is None:
         return given == recorded or given is None
     digest = weights_sha256(given)
-    return digest is not None and digest == weights_sha256(recorded)
+    return digest is not None and digest == (recorded_sha256 or weights_sha256(recorded))
 
 
 def describe_model(spec: EncoderSpec) -> ModelInfo:

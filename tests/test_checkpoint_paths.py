@@ -37,3 +37,22 @@ def test_saved_checkpoint_config_has_no_absolute_paths(tmp_path, tiny_edje_confi
     assert not hits, f"config.json records machine paths: {hits}"
     loaded = load_checkpoint(str(tmp_path / "ckpt"))  # and it still loads, its tokenizer from inside it
     assert loaded.config.encoder.tokenizer == str(tmp_path / "ckpt" / "tokenizer")
+
+
+def test_encode_accepts_the_recorded_weights_under_another_path(tmp_path):
+    """A checkpoint records the backbone weights' path on the machine that trained it; the same bytes elsewhere are
+    accepted by their recorded sha256, other bytes are refused."""
+    from edje.pipeline.encode import resolve_backbone
+
+    config = json.loads((ROOT / "checkpoints/edje-c16-bind/config.json").read_text())
+    backbone = config["config"]["backbone"]
+    assert backbone["weights_sha256"]
+    backbone["pretrained"] = "runs/only-on-the-training-machine/backbone.safetensors"
+    adapter = tmp_path / "ckpt"
+    adapter.mkdir()
+    (adapter / "config.json").write_text(json.dumps(config))
+
+    shipped = str(ROOT / "checkpoints/edje-tiny-convvit-sw.safetensors")
+    assert resolve_backbone(None, shipped, None, str(adapter)).pretrained == shipped
+    with pytest.raises(ValueError, match="does not match the adapter checkpoint"):
+        resolve_backbone(None, str(ROOT / "checkpoints/edje-tiny-clip-sw.safetensors"), None, str(adapter))
