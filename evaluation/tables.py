@@ -2,9 +2,11 @@
 small training sets. The encode pipeline (jobs/encode_cc12m.py) is the distributed writer; this one
 exists for annotation files whose images are already on disk, and can write one row per caption.
 
-`--scene-tokens WORLD` writes the sample world's perfect scene tokens (sampleworld/scene_tokens.py,
-a diagnostic ceiling) in place of the backbone's; embeddings stay the backbone's, so the first
-stage is unchanged, and the metadata names the token source so no job mistakes one for the other.
+`--scene-tokens WORLD` writes the sample world's perfect scene tokens (its kind's painter,
+sampleworld/scene_token_grid.py; a diagnostic ceiling) in place of the backbone's; embeddings stay
+the backbone's, so the first stage is unchanged, and the metadata names the token source so no job
+mistakes one for the other. An open world's first stage is its own backbone's, so give
+`--backbone edje-tiny-convvit-128` (its shipped weights are found) for one.
 
   python -m edje.evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-convvit \
       --pretrained checkpoints/edje-tiny-convvit-sw.safetensors --output runs/test_raw.parquet
@@ -22,7 +24,8 @@ from edje.model.backbone import VisionBackbone, default_feature_layer
 from edje.model.backbone_weights import pin
 from edje.model.image_decode import load_image_files
 from edje.model.token_encoder import TokenEncoder
-from edje.sampleworld.scene_tokens import SCENE_TOKENS_BACKBONE, SceneTokenConfig, SceneTokenizer
+from edje.sampleworld.registry import world_kind
+from edje.sampleworld.scene_token_grid import SCENE_TOKENS_BACKBONE, SceneTokenConfig
 from edje.sampleworld.world import load_world
 from edje.schemas.annotations import load_annotations
 from edje.schemas.config import BackboneConfig, CodecConfig
@@ -73,15 +76,18 @@ def encode_annotations(annotations: str, backbone: VisionBackbone, output: str,
 
 
 def perfect_tokens(world: str, image_ids, backbone: VisionBackbone, cfg: SceneTokenConfig = SceneTokenConfig()):
-    """(scene tokens [N, grid*grid, width], their table metadata) for images of a sample world."""
-    by_id = load_world(world).by_id()
+    """(scene tokens [N, grid*grid, width], their table metadata) for images of a sample world of any kind."""
+    manifest = load_world(world)
+    by_id = manifest.by_id()
     missing = [i for i in image_ids if i not in by_id]
     if missing:
         raise ValueError(f"{len(missing)} images are not in the world at {world} (e.g. {missing[:3]})")
-    meta = TableMetadata(kind="raw", backbone=SCENE_TOKENS_BACKBONE, pretrained=cfg.pretrained_tag, feature_layer="final",
-                         num_tokens=cfg.num_tokens, width=cfg.width, quantization="fp16", embed_dim=backbone.embed_dim,
-                         embedding_backbone=backbone.config.name, embedding_pretrained=backbone.config.pretrained)
-    return SceneTokenizer(cfg).batch([by_id[i].scene for i in image_ids]), meta
+    tokenizer = world_kind(manifest.config.kind).scene_tokenizer(cfg)
+    meta = TableMetadata(kind="raw", backbone=SCENE_TOKENS_BACKBONE, pretrained=tokenizer.pretrained_tag,
+                         feature_layer="final", num_tokens=cfg.num_tokens, width=cfg.width, quantization="fp16",
+                         embed_dim=backbone.embed_dim, embedding_backbone=backbone.config.name,
+                         embedding_pretrained=backbone.config.pretrained)
+    return tokenizer.batch([by_id[i].scene for i in image_ids]), meta
 
 
 def main(argv=None) -> None:

@@ -14,6 +14,7 @@ from .open_grounding import open_caption_grounding
 from .open_held_out import OpenHeldOut
 from .open_render import render_open
 from .open_scene import COUNT_WORDS, FACINGS, KIND, SIZES, TWIN_KINDS, OpenScene, OpenSwap, open_difference
+from .open_scene_tokens import OpenSceneTokenizer
 from .open_sprites import CELL
 from .records import SPLITS, ImageRecord, WorldConfig, image_id
 from .relations import RELATIONS
@@ -87,5 +88,6 @@ OPEN_WORLD = WorldKind(
     difference=open_difference,
     grounding=open_caption_grounding,
     parse_held_out=parse_open_held_out,
+    scene_tokenizer=OpenSceneTokenizer,
     defaults=OPEN_DEFAULTS,
 )

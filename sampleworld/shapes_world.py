@@ -16,6 +16,7 @@ from .records import SPLITS, ImageRecord, WorldConfig, image_id
 from .relations import RELATIONS
 from .render import render
 from .scene import COLOURS, SHAPES, SIZES, TWIN_KINDS, Scene, Swap, shapes_difference
+from .scene_tokens import SceneTokenizer
 from .world_kind import WorldKind
 
 _HELD_OUT_TRIES = 10_000
@@ -81,4 +82,5 @@ SHAPES_WORLD = WorldKind(
     difference=shapes_difference,
     grounding=caption_grounding,
     parse_held_out=HeldOut.parse,
+    scene_tokenizer=SceneTokenizer,
 )

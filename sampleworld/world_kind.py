@@ -8,12 +8,13 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .records import ImageRecord, WorldConfig
+from .scene_token_grid import GridTokenizer, SceneTokenConfig
 
 
 @dataclass(frozen=True, eq=False)  # one object per kind: compared and hashed by identity
 class WorldKind:
     """One kind of world: its name, twin kinds and command-line defaults, and the functions that draw, render,
-    describe, read back and compare its scenes and read its held-out combinations."""
+    describe, read back and compare its scenes, read its held-out combinations and build its perfect scene tokens."""
 
     name: str
     # The twin kinds its families are drawn with, in drawing order; evaluation and reports list them in this order.
@@ -28,5 +29,7 @@ class WorldKind:
     # (VALUE+VALUE specs, mode) -> the kind's held-out combinations; ValueError names a value the kind does not know,
     # so a checkpoint's `held_out` can be checked before anything is generated.
     parse_held_out: Callable[[Iterable[str], str], Any]
+    # SceneTokenConfig -> the painter of the kind's perfect scene tokens (a diagnostic token source, never a backbone).
+    scene_tokenizer: Callable[[SceneTokenConfig], GridTokenizer]
     # WorldConfig values an unset command-line option takes where this kind's differ from WorldConfig's.
     defaults: dict[str, Any] = field(default_factory=dict)
