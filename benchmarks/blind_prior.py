@@ -8,6 +8,7 @@ shortcut a model could learn without looking at the image.
 
 Recipes (what a model sees as (positive, negative, weight)):
 - plain:   (c, flip c, 1) for every caption with a flip: the `flip` objective as it stood.
+- caption: (c, flip c, w) with w from `CaptionFlipBalance`: the `flip` objective's caption mode.
 - trainer: horizontal flips as a flip square, (c, flip c) and (flip c, c) (the mirrored image makes the flipped
            caption true); vertical flips caption-side only, weighted by `FlipBalance`.
 
@@ -25,7 +26,17 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from edje.training.caption_rewrites import HORIZONTAL, OPPOSITES, UNPAIRED, VERTICAL, FlipBalance, caption_axes, flip_axis, flip_relations
+from edje.training.caption_rewrites import (
+    HORIZONTAL,
+    OPPOSITES,
+    UNPAIRED,
+    VERTICAL,
+    CaptionFlipBalance,
+    FlipBalance,
+    caption_axes,
+    flip_axis,
+    flip_relations,
+)
 
 SPATIAL = frozenset(w for axis in OPPOSITES for w in OPPOSITES[axis]) | frozenset().union(*UNPAIRED.values())
 Pair = tuple  # (positive text, negative text, weight)
@@ -56,6 +67,16 @@ def trainer(train_captions: Sequence[str]) -> Recipe:
             f = flip_axis(c, axis)
             out += [(c, f, 1.0), (f, c, 1.0)] if axis == HORIZONTAL else [(c, f, balance.weight(c))]
         return out
+    return pairs
+
+
+def caption(train_captions: Sequence[str]) -> Recipe:
+    """Each caption against its `flip_relations` flip, weighted by `CaptionFlipBalance`."""
+    balance = CaptionFlipBalance(train_captions)
+
+    def pairs(c: str) -> list:
+        f = flip_relations(c)
+        return [] if f is None else [(c, f, balance.weight(c))]
     return pairs
 
 
@@ -161,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"world": args.world, "seed": args.seed}
     for kind in ("seq", "bag"):
         out[f"plain/{kind}"] = held_out(recs, lambda _: plain(flip_relations), one_flip(flip_relations), kind)
+        out[f"caption/{kind}"] = held_out(recs, caption, one_flip(flip_relations), kind)
         out[f"trainer/{kind}"] = held_out(recs, trainer, new_flips, kind)
     for name, v in out.items():
         if "/" in name:

@@ -8,7 +8,16 @@ import re
 import blind_prior as bp
 import pytest
 
-from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, FlipBalance, caption_axes, flip_axis, flip_relations, spatial_words
+from edje.training.caption_rewrites import (
+    HORIZONTAL,
+    VERTICAL,
+    CaptionFlipBalance,
+    FlipBalance,
+    caption_axes,
+    flip_axis,
+    flip_relations,
+    spatial_words,
+)
 
 
 def _previous_flip(caption: str) -> str | None:
@@ -80,6 +89,19 @@ def test_flip_balance_weights_the_more_frequent_side_down():
     assert balance.weight("a left of b") == 0.0
 
 
+def test_caption_flip_balance_weights_each_caption_on_the_axis_flip_relations_reverses():
+    captions = (["a left of b"] * 4 + ["a right of b"] * 2 + ["a above b"] * 2 + ["a below b"] * 4
+                + ["a left of b above c"] * 3)
+    balance = CaptionFlipBalance(captions)
+    assert balance.weight("a left of b") == pytest.approx(0.5)
+    assert balance.weight("a right of b") == 1.0
+    # Vertical captions are counted apart from the ones flip_relations reverses horizontally.
+    assert balance.weight("a above b") == 1.0
+    assert balance.weight("a below b") == pytest.approx(0.5)
+    assert balance.weight("a left of b above c") == 0.0  # "right ... above" never occurs as a true caption
+    assert balance.weight("a big b") == 0.0
+
+
 def _outside(result: dict) -> bool:
     low, high = result["ci95"]
     return not low <= 50.0 <= high
@@ -97,4 +119,15 @@ def test_a_blind_count_of_spatial_words_is_at_chance_on_held_out_families(world)
     assert _outside(old) and old["acc"] > 52.0, old
     vertical = lambda c: flip_axis(c, VERTICAL)
     unweighted = bp.held_out(recs, lambda _: bp.plain(vertical), bp.one_flip(vertical), "seq")
+    assert _outside(unweighted) and unweighted["acc"] > 52.0, unweighted
+
+
+@pytest.mark.parametrize("world", ["shapes", "open"])
+def test_weighted_caption_side_flips_leave_a_blind_count_at_chance(world):
+    recs = bp.records_of(world, 100, 2000, 1000)
+    for kind in ("seq", "bag"):
+        weighted = bp.held_out(recs, bp.caption, bp.one_flip(flip_relations), kind)
+        assert not _outside(weighted) and 45.0 < weighted["acc"] < 55.0 and weighted["n"] > 3000, (kind, weighted)
+    # The check can fail: the same flips unweighted, as the caption mode scored them before.
+    unweighted = bp.held_out(recs, lambda _: bp.plain(flip_relations), bp.one_flip(flip_relations), "seq")
     assert _outside(unweighted) and unweighted["acc"] > 52.0, unweighted

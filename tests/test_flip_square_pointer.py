@@ -16,7 +16,7 @@ from conftest import TINY_BERT
 from edje.model.edje import load_checkpoint, read_checkpoint_config
 from edje.schemas.token_table import TableMetadata
 from edje.training.batches import TrainBatch
-from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, FlipBalance, flip_axis
+from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, CaptionFlipBalance, FlipBalance, flip_axis
 from edje.training.config import ModelSpec, TrainJobConfig
 from edje.training.loop import Position, build_optimizer, save_training_checkpoint
 from edje.training.losses import pointer_order_loss
@@ -102,6 +102,27 @@ def test_flip_square_labels_and_vertical_weights_on_a_hand_made_batch():
     # A model blind to the mirror takes (mirror I, c) for true: the square marks it wrong in three of four directions.
     blind, _ = _square_terms(sees_mirror=False)
     assert blind["loss_flip_square"].item() == pytest.approx((_sp(-2.0) + _sp(2.0) + 2 * math.log(2)) / 4)
+
+
+def test_caption_side_flips_are_weighted_by_the_training_captions_balance():
+    model = _model()
+    model.adapter = torch.nn.Identity()
+    calls: list = []
+    model.encoder.score = _fake_scorer(calls, sees_mirror=True)
+    # Horizontal: 4 "left" for 2 "right"; vertical: 3 "above" for 1 "below" (as the square's test).
+    balance = CaptionFlipBalance(CAPTIONS + CAPTIONS[:1] * 3 + ["a red circle right of a blue square"]
+                                 + CAPTIONS[2:3] * 2)
+    out = EDJEObjectives(model, ("itm", "flip"), {}, flip_mode="caption", flip_balance=balance)(*_batch())
+    # Row 0 ("left") weighs 2/4, row 1 ("right") 1; row 2 ("above") 1/3, row 3 ("below") 1.
+    assert calls[-1] == [("a red circle right of a blue square", 1), ("a green star to the left of a cat", 2),
+                         ("a red circle below a blue square", 3), ("a blue square above a red circle", 4)]
+    # Rows 0, 1 and 3 win by 2 (softplus(-2)); row 2 ties (ln 2) at weight 1/3.
+    weights = [0.5, 1.0, 1 / 3, 1.0]
+    expected = (sum(weights) - 1 / 3) * _sp(-2.0) / sum(weights) + (1 / 3) * math.log(2) / sum(weights)
+    assert out["loss_flip"].item() == pytest.approx(expected)
+    assert float(out["flip_acc"]) == pytest.approx(3 / 4)
+    with pytest.raises(ValueError, match="CaptionFlipBalance"):
+        EDJEObjectives(_model(), ("itm", "flip"), {}, flip_mode="caption")
 
 
 def test_flip_square_needs_a_vertical_flip_balance():

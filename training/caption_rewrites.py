@@ -9,7 +9,8 @@ word that maps back to it, so flip(flip(c)) == c and a flipped caption uses the 
 A horizontal flip is also what a left-right mirror does to the image ("left-facing" -> "right-facing"
 included), so (mirror image, flipped caption) is a true pair: the *flip square*. Vertical flips have no
 such image (a mirrored triangle points down), so they stay caption-side only; `FlipBalance` weights them so
-that a blind model cannot tell a true caption from its flip by its spatial words.
+that a blind model cannot tell a true caption from its flip by its spatial words. `CaptionFlipBalance` does the
+same for `flip_relations` (every flip caption-side, one axis a caption).
 """
 from __future__ import annotations
 
@@ -127,3 +128,19 @@ class FlipBalance:
         flipped = flip_axis(caption, self.axis)
         n = self.counts.get(spatial_words(caption), 0) if flipped is not None else 0
         return min(n, self.counts.get(spatial_words(flipped), 0)) / n if n else 0.0
+
+
+class CaptionFlipBalance:
+    """Weights for `flip_relations`' caption-side flips (one axis a caption, horizontal when it has one), counted
+    over the training captions: a `FlipBalance` per axis, the vertical one over the captions flipped vertically,
+    so that on each axis every key of spatial words is as often true as flipped."""
+
+    def __init__(self, captions: Iterable[str]):
+        captions = list(captions)
+        self.balances = {HORIZONTAL: FlipBalance(captions, HORIZONTAL),
+                         VERTICAL: FlipBalance((c for c in captions if caption_axes(c)[:1] == (VERTICAL,)), VERTICAL)}
+
+    def weight(self, caption: str) -> float:
+        """The weight in [0, 1] of the caption's flip by `flip_relations`; 0 for a caption it cannot flip."""
+        axes = caption_axes(caption)
+        return self.balances[axes[0]].weight(caption) if axes else 0.0

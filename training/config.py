@@ -138,15 +138,16 @@ class TrainJobConfig:
     # Each job sets its own default (training/launch.py's build_parser).
     objectives: Tuple[str, ...] = option(PRETRAIN_OBJECTIVES, nargs="+", choices=list(OBJECTIVES), convert=tuple)
     # The flip objective's negatives. "caption": each positive against its caption reversed on one axis, same
-    # image. "square": a caption with horizontal spatial words makes a square with the image's mirrored copy
-    # ((I, c) and (mirror I, flip c) true, (I, flip c) and (mirror I, c) false: every string and image true once
-    # and false once, so the spatial words alone tell nothing); vertical ones (no mirror keeps their labels)
-    # stay caption-side, weighted so that each key of spatial words is as often true as flipped (FlipBalance).
+    # image, weighted so that each key of spatial words is as often true as flipped (CaptionFlipBalance).
+    # "square": a caption with horizontal spatial words makes a square with the image's mirrored copy ((I, c)
+    # and (mirror I, flip c) true, (I, flip c) and (mirror I, c) false: every string and image true once and
+    # false once, so the spatial words alone tell nothing); vertical ones (no mirror keeps their labels) stay
+    # caption-side, weighted so that each key of spatial words is as often true as flipped (FlipBalance).
     flip_mode: Literal["caption", "square"] = option(
         "caption", help="the flip objective's negatives. caption: each positive against its caption reversed on one "
         "axis, same image; square: horizontal captions make a square with the image's mirrored copy (tables encoded "
-        "with --augment hflip), vertical ones stay caption-side, weighted so that the spatial words alone tell true "
-        "from flipped no better than chance")
+        "with --augment hflip), vertical ones stay caption-side; either way caption-side flips are weighted so that "
+        "the spatial words alone tell true from flipped no better than chance")
     # Raw tables encoded with --augment hflip whose mirrored rows give the square its mirrored images, matched by
     # image id; () = the training tables themselves. Mirrored rows are never training rows of their own.
     mirror_tables: Tuple[str, ...] = option(

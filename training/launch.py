@@ -15,7 +15,7 @@ import fsspec
 from edje.schemas.cli_options import add_options, from_args
 from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata, read_token_table
 from edje.storage.hub import CheckpointNotFound, hub_env
-from edje.training.caption_rewrites import VERTICAL, FlipBalance
+from edje.training.caption_rewrites import VERTICAL, CaptionFlipBalance, FlipBalance
 from edje.training.config import TrainJobConfig
 from edje.training.config import absolute_path as _absolute
 from edje.training.language_model import pack, resolve_language_model
@@ -66,17 +66,19 @@ def run(cfg: TrainJobConfig, language_model=None):
     if meta.augment is not None and cfg.batching != "planned":
         raise ValueError("tables with augmented rows need batching='planned' (the rows are set apart per worker)")
     storage = cfg.storage_path if "://" in cfg.storage_path else os.path.abspath(cfg.storage_path)
-    square = {}
+    flips = {}
     if cfg.flip_mode == "square":
         mirrors = [_absolute(p) for p in expand_tables(cfg.mirror_tables or paths)]
         check_mirror_tables(mirrors, meta)
         # Built once over every worker's captions: each worker weighs its rows by the whole run's counts.
-        square = {"mirror_paths": mirrors, "flip_balance": FlipBalance(training_captions(paths), VERTICAL)}
+        flips = {"mirror_paths": mirrors, "flip_balance": FlipBalance(training_captions(paths), VERTICAL)}
+    elif "flip" in cfg.objectives:
+        flips = {"flip_balance": CaptionFlipBalance(training_captions(paths))}
     trainer = TorchTrainer(
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,
                            "batches_per_epoch": count_rows(paths) // (cfg.batch_size * cfg.num_workers),
-                           "storage": storage, "language_model": language_model, **square},
+                           "storage": storage, "language_model": language_model, **flips},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=ray.train.RunConfig(name=cfg.name, storage_path=storage,

@@ -4,8 +4,9 @@ ITM over the positive and k hard negatives in both directions, MLM on the positi
 text-embedding recovery from the text-only [CLS], distillation of a teacher's ITM logits
 on exactly the pairs the student scores, grounding: each grounded caption word of a positive
 pair regresses its object's centre from a middle layer (read from the same forward as ITM),
-relation flips: each positive against its own caption with the spatial words reversed, on the same image (or, with
-flip_mode "square", the flip square with the image's mirrored copy, and weighted vertical flips), and the pointer's
+relation flips: each positive against its own caption with the spatial words reversed, on the same image, weighted
+so that the spatial words alone carry no shortcut (or, with flip_mode "square", the flip square with the image's
+mirrored copy, and weighted vertical flips), and the pointer's
 order loss: each relation's subject and object phrase placed on the image grid in the caption's order.
 """
 from __future__ import annotations
@@ -19,7 +20,15 @@ from torch.nn import functional as F
 
 from edje.model.edje import EDJEModel
 from edje.training.batches import TrainBatch
-from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, FlipBalance, caption_axes, flip_axis, flip_relations
+from edje.training.caption_rewrites import (
+    HORIZONTAL,
+    VERTICAL,
+    CaptionFlipBalance,
+    FlipBalance,
+    caption_axes,
+    flip_axis,
+    flip_relations,
+)
 from edje.training.losses import (
     distillation_loss,
     flip_square_loss,
@@ -46,7 +55,7 @@ class EDJEObjectives(nn.Module):
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
                  word_groups: Optional[PieceGroups] = None, grounding: Optional[Mapping] = None,
-                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None, pointer_k: float = 10.0):
+                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance | CaptionFlipBalance] = None, pointer_k: float = 10.0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -57,9 +66,13 @@ class EDJEObjectives(nn.Module):
             raise ValueError("the ground objective needs grounding annotations")
         if "flip" in self.objectives and "itm" not in self.objectives:
             raise ValueError("the flip objective compares ITM logits: it needs the itm objective")
-        if flip_mode == "square" and (flip_balance is None or flip_balance.axis != VERTICAL):
+        if flip_mode == "square" and not (isinstance(flip_balance, FlipBalance) and flip_balance.axis == VERTICAL):
             raise ValueError("the flip square weighs vertical flips by a FlipBalance of the training captions' "
                              "vertical axis")
+        if "flip" in self.objectives and flip_mode == "caption" and not isinstance(flip_balance, CaptionFlipBalance):
+            # Unweighted, a world that words one side of an axis more often than the other lets a blind model
+            # tell a caption from its flip by the spatial words alone.
+            raise ValueError("caption-side flips are weighted by a CaptionFlipBalance of the training captions")
         if "pointer" in self.objectives and not model.encoder.config.pointer:
             raise ValueError("the pointer objective trains the model's pointer: build it with pointer=True")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
@@ -123,15 +136,16 @@ class EDJEObjectives(nn.Module):
         return out
 
     def _flip_caption(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """Each positive against its own caption with the relations reversed (one axis), on the same image."""
-        flipped = [flip_relations(c) for c in batch.captions]
-        rows = [i for i, f in enumerate(flipped) if f is not None]
+        """Each positive against its own caption with the relations reversed (one axis), on the same image, weighted
+        by the balance of the training captions' spatial words."""
+        weight = [self.flip_balance.weight(c) for c in batch.captions]
+        rows = [i for i, w in enumerate(weight) if w > 0]
         if not rows:
             return {"loss_flip": pos.sum() * 0}
-        flip_l = self.model.encoder.score([flipped[i] for i in rows], pos[rows])
-        pair = torch.stack([pos_l[rows], flip_l], dim=1)
-        return {"loss_flip": F.cross_entropy(pair, torch.zeros(len(rows), dtype=torch.long, device=pair.device)),
-                "flip_acc": (pair[:, 0] > pair[:, 1]).float().mean().detach()}
+        flip_l = self.model.encoder.score([flip_relations(batch.captions[i]) for i in rows], pos[rows])
+        w = torch.tensor([weight[i] for i in rows], dtype=flip_l.dtype, device=flip_l.device)
+        return {"loss_flip": weighted_flip_loss(pos_l[rows], flip_l, w),
+                "flip_acc": (pos_l[rows] > flip_l).float().mean().detach()}
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
         """The flip square on horizontal captions whose image has a mirrored copy, and weighted caption-side flips
