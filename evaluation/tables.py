@@ -5,8 +5,8 @@ exists for annotation files whose images are already on disk, and can write one 
 `--scene-tokens WORLD` writes the sample world's perfect scene tokens (its kind's painter,
 sampleworld/scene_token_grid.py; a diagnostic ceiling) in place of the backbone's; embeddings stay
 the backbone's, so the first stage is unchanged, and the metadata names the token source so no job
-mistakes one for the other. An open world's first stage is its own backbone's, so give
-`--backbone edje-tiny-convvit-128` (its shipped weights are found) for one.
+mistakes one for the other. `--backbone` defaults to the one shipped for the sample world's kind (world.json
+beside the annotation file): an open world's tables are its own backbone's without naming it.
 
   python -m edje.evaluation.tables --annotations world/flickr30k_test.json --backbone edje-tiny-convvit \
       --pretrained checkpoints/edje-tiny-convvit-sw.safetensors --output runs/test_raw.parquet
@@ -14,6 +14,7 @@ mistakes one for the other. An open world's first stage is its own backbone's, s
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Literal, Optional
 
 import fsspec
@@ -26,9 +27,10 @@ from edje.model.image_decode import load_image_files
 from edje.model.token_encoder import TokenEncoder
 from edje.sampleworld.registry import world_kind
 from edje.sampleworld.scene_token_grid import SCENE_TOKENS_BACKBONE, SceneTokenConfig
-from edje.sampleworld.world import load_world
+from edje.sampleworld.world import WORLD_JSON, load_world
 from edje.schemas.annotations import load_annotations
 from edje.schemas.config import BackboneConfig, CodecConfig
+from edje.schemas.shipped import WORLD_BACKBONES
 from edje.schemas.token_table import TableMetadata, build_table, write_token_table
 from edje.schemas.weights import find_weights, weights_sha256
 
@@ -94,7 +96,8 @@ def main(argv=None) -> None:
     """CLI entry point."""
     p = argparse.ArgumentParser(description="Raw token table from a Karpathy-style annotation file")
     p.add_argument("--annotations", required=True)
-    p.add_argument("--backbone", default="edje-tiny-convvit")
+    p.add_argument("--backbone", default=None, help="default: the backbone shipped for the kind of sample world "
+                   "whose world.json sits beside --annotations, else the shapes world's")
     p.add_argument("--pretrained", default=None,
                    help="backbone weights (default: the repository's shipped weights of --backbone; 'none': random, "
                         "on purpose)")
@@ -104,11 +107,20 @@ def main(argv=None) -> None:
     p.add_argument("--scene-tokens", metavar="WORLD", help="diagnostic: the sample world's perfect scene tokens "
                    "(from WORLD/world.json) in place of the backbone's; embeddings stay the backbone's")
     a = p.parse_args(argv)
+    a.backbone = a.backbone or world_backbone(a.annotations)
     random = a.pretrained is not None and a.pretrained.lower() == "none"
     bb = VisionBackbone.create(pin(BackboneConfig(a.backbone, _weights(a.backbone, a.pretrained),
                                                   a.feature_layer or default_feature_layer(a.backbone),
                                                   random_weights=random)))
     print(f"wrote {encode_annotations(a.annotations, bb, a.output, a.rows, scene_tokens=a.scene_tokens)} rows to {a.output}")
+
+
+def world_backbone(annotations: str) -> str:
+    """The backbone shipped for the kind of sample world an annotation file belongs to (its world.json beside it);
+    the shapes world's for any other annotation file."""
+    folder = Path(annotations).parent
+    kind = load_world(folder).config.kind if (folder / WORLD_JSON).exists() else "shapes"
+    return WORLD_BACKBONES[kind]
 
 
 def _weights(backbone: str, pretrained: Optional[str]) -> Optional[str]:

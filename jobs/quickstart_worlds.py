@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from edje.schemas.shipped import DEFAULT_BACKBONE, DEFAULT_RERANKER, SHIPPED_BACKBONE_WEIGHTS
+from edje.schemas.shipped import DEFAULT_RERANKER, SHIPPED_BACKBONE_WEIGHTS, WORLD_BACKBONES
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,11 @@ WORLD_PRESETS: Dict[str, WorldPreset] = {
     # The shipped rerankers were trained on world 100 (BENCHMARKS.md); the quickstart's test worlds draw a quarter of
     # their two-object families on one side, where the report's same-side subset lives.
     "shapes": WorldPreset(kind="shapes", checkpoint=DEFAULT_RERANKER,
-                          backbone_weights=SHIPPED_BACKBONE_WEIGHTS[DEFAULT_BACKBONE], train_world_seed=100,
+                          backbone_weights=SHIPPED_BACKBONE_WEIGHTS[WORLD_BACKBONES["shapes"]], train_world_seed=100,
                           train_world_n_train=12000, train_world_n_val=500, same_side_rate=0.25),
-    # Trained on world 300 (`sampleworld generate --world open --seed 300 --n-train 12000 --n-val 1000 --n-test 0`)
-    # with the edje-tiny-convvit-128 backbone.
+    # Trained on world 300 (`sampleworld generate --world open --seed 300 --n-train 12000 --n-val 1000 --n-test 0`).
     "open": WorldPreset(kind="open", checkpoint="checkpoints/edje-open-c16",
-                        backbone_weights=SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit-128"], train_world_seed=300,
+                        backbone_weights=SHIPPED_BACKBONE_WEIGHTS[WORLD_BACKBONES["open"]], train_world_seed=300,
                         train_world_n_train=12000, train_world_n_val=1000, held_out_template_queries=1),
 }
 DEFAULT_WORLD = "shapes"

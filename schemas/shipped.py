@@ -21,3 +21,5 @@ SHIPPED_BACKBONE_WEIGHTS: Dict[str, str] = {
     # The open-vocabulary world's backbone (551 emoji nouns; BENCHMARKS.md "The open-vocabulary world").
     "edje-tiny-convvit-128": "checkpoints/edje-open-convvit-128.safetensors",
 }
+# The backbone each sample world kind's shipped weights were trained on (the stand-in for a user's pretrained ViT).
+WORLD_BACKBONES: Dict[str, str] = {"shapes": DEFAULT_BACKBONE, "open": "edje-tiny-convvit-128"}

@@ -285,6 +285,19 @@ def test_the_tables_command_encodes_with_the_shipped_weights_unless_told_otherwi
         _weights("ViT-B-32", None)
 
 
+def test_the_tables_command_picks_the_backbone_shipped_for_the_worlds_kind(tmp_path):
+    from dataclasses import replace
+
+    from edje.evaluation.tables import world_backbone
+    from edje.sampleworld.open_world import open_world_config
+    from edje.sampleworld.world import generate
+    from edje.schemas.shipped import DEFAULT_BACKBONE
+
+    generate(replace(open_world_config(seed=13, n_train=0, n_val=0, n_test=4), family_size=4), tmp_path / "open")
+    assert world_backbone(str(tmp_path / "open" / "flickr30k_test.json")) == "edje-tiny-convvit-128"
+    assert world_backbone(str(tmp_path / "elsewhere" / "captions.json")) == DEFAULT_BACKBONE
+
+
 def _reference(tmp_path: Path, world: Path, seen_families, name: str) -> Path:
     """A copy of `world` whose images of `seen_families` form its train split (the meanings a model saw)."""
     data = json.loads((world / "world.json").read_text())

@@ -112,7 +112,7 @@ def test_scene_token_tables_of_an_open_world_keep_its_backbones_embeddings(tmp_p
 
     world = generate(replace(open_world_config(seed=13, n_train=0, n_val=0, n_test=4), family_size=4), tmp_path / "world")
     ann = str(tmp_path / "world" / "flickr30k_test.json")
-    backbone = ["--annotations", ann, "--backbone", "edje-tiny-convvit-128"]
+    backbone = ["--annotations", ann]  # the open world's own backbone, found from its world.json
     main([*backbone, "--output", str(tmp_path / "real.parquet")])
     main([*backbone, "--output", str(tmp_path / "scene.parquet"), "--scene-tokens", str(tmp_path / "world")])
     real, _ = read_token_table(str(tmp_path / "real.parquet"))

@@ -271,8 +271,8 @@ def test_flip_relations_reverses_every_spatial_word_and_nothing_else():
 
 def test_flip_objective_scores_each_relational_positive_against_its_flipped_caption(encoders):
     from edje.training.batches import TrainBatch
-    from edje.training.negatives import Negatives
     from edje.training.caption_rewrites import CaptionFlipBalance, flip_relations
+    from edje.training.negatives import Negatives
     from edje.training.objectives import EDJEObjectives
 
     class Model(torch.nn.Module):

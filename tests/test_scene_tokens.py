@@ -1,6 +1,8 @@
 """Perfect scene tokens (the binding ceiling's token source) and their tables."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -85,6 +87,10 @@ def test_scene_token_tables_name_their_source_and_keep_the_backbones_embeddings(
     assert isinstance(scene_cfg, EDJEConfig) and scene_cfg.backbone.name == SCENE_TOKENS_BACKBONE
     with pytest.raises(ValueError, match="sampleworld-scene-tokens"):
         check_backbone(scene_cfg, real_meta, "scene checkpoint")
+    # ... and on another world kind's scene tokens (same name and width, another tokenizer).
+    check_backbone(scene_cfg, meta, "scene checkpoint")
+    with pytest.raises(ValueError, match="scene-graph/open"):
+        check_backbone(scene_cfg, replace(meta, pretrained="scene-graph/open/grid8/w128/seed0"), "scene checkpoint")
     real_cfg = edje_config(ModelSpec(adapter="local", bert_config=(("hidden_size", 32), ("num_hidden_layers", 1),
                                                                    ("num_attention_heads", 2), ("intermediate_size", 64))), real_meta)
     with pytest.raises(ValueError):

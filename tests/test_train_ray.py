@@ -190,15 +190,18 @@ def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipel
     np.testing.assert_allclose(stored, expected, atol=1e-5, rtol=0)  # stored as float32
 
 
-def test_pretrain_with_the_binding_levers(pipeline_tables, tmp_path, ray_local):
-    """Group MLM, word context and the 2-D adapter position reach the worker loop and the exported model."""
-    from edje.model.edje import load_checkpoint
+@pytest.mark.parametrize("masking", ["groups", "content"])
+def test_pretrain_with_the_binding_levers(pipeline_tables, tmp_path, ray_local, masking):
+    """Group (or content-word) MLM, word context and the 2-D adapter position reach the worker loop and the exported
+    model."""
+    from edje.model.edje import load_checkpoint, read_checkpoint_config
     export, rows = _train("pretrain.py", pipeline_tables, tmp_path, "bind", ray_local.get_runtime_context().gcs_address,
-                          "--adapter", "local", "--objectives", "itm", "mlm", "--mlm-masking", "groups",
+                          "--adapter", "local", "--objectives", "itm", "mlm", "--mlm-masking", masking,
                           "--word-context", "3", "--adapter-position", "2d")
     assert all(math.isfinite(r["loss_mlm"]) and 0 <= r["mlm_bind_acc"] <= 1 for r in rows), rows  # the read-out is logged
     model = load_checkpoint(str(export))
     assert model.encoder.word_context is not None and model.config.adapter.position == "2d"
+    assert read_checkpoint_config(str(export))["training"]["mlm_masking"] == masking
 
 
 def test_relation_parts_are_added_to_an_init_checkpoint_and_grounding_trains(local_run, pipeline_tables, tmp_path, ray_local):

@@ -172,10 +172,13 @@ class TrainJobConfig:
                                  "step")
     k: int = option(4, help="hard negatives per sample and direction")
     # MLM masking: "random" = BERT's (mlm_probability of caption wordpieces); "groups" = every word
-    # of one attribute group per caption (training/masking.py), so the image must supply the binding.
-    mlm_masking: Literal["random", "groups"] = option(
+    # of one attribute group per caption (training/masking.py), so the image must supply the binding;
+    # "content" = one whole content word per caption by a rule of English (training/content_masking.py).
+    mlm_masking: Literal["random", "groups", "content"] = option(
         "random", help="random: BERT's random wordpieces; groups: all words of one attribute group per caption "
-        "(colour, shape, size or spatial words), so that only the image can supply the binding")
+        "(colour, shape, size or spatial words), so that only the image can supply the binding; content: every "
+        "piece of one content word per caption (any word outside English's closed classes of function words: no "
+        "word list of any world)")
     mlm_groups: Optional[str] = option(None, help="JSON file {group: [words]} for --mlm-masking groups (default: the "
                                        "sample world's caption vocabulary)")
     # Relative odds of each group being the one masked in a caption (groups not named: 1), e.g. relation 4:
@@ -231,8 +234,8 @@ class TrainJobConfig:
             raise ValueError(f"batching must be 'planned' or 'stream', got {self.batching!r}")
         if self.batching == "stream" and self.curriculum.max_fraction > 0:
             raise ValueError("neighbour-cluster batches need batching='planned'")
-        if self.mlm_masking not in ("random", "groups"):
-            raise ValueError(f"mlm_masking must be 'random' or 'groups', got {self.mlm_masking!r}")
+        if self.mlm_masking not in ("random", "groups", "content"):
+            raise ValueError(f"mlm_masking must be 'random', 'groups' or 'content', got {self.mlm_masking!r}")
         if self.batch_size < 2:
             raise ValueError("batch_size must be at least 2 (negatives come from the batch)")
 

@@ -25,6 +25,7 @@ from edje.schemas.annotations import load_grounding
 from edje.schemas.token_table import TableMetadata, vector_matrix
 from edje.training.batches import MirrorLookup, TrainBatch, decode_batch, drop_augmented, gather_batch
 from edje.training.config import TrainJobConfig
+from edje.training.content_masking import ContentWords
 from edje.training.language_model import unpack
 from edje.training.masking import PieceGroups, WordGroups
 from edje.training.mining import MinerConfig
@@ -207,6 +208,8 @@ def train_loop_per_worker(config: dict) -> None:
     if cfg.mlm_masking == "groups":
         groups = PieceGroups(WordGroups.load(cfg.mlm_groups) if cfg.mlm_groups else WordGroups.sample_world(),
                              model.encoder.tokenizer, weights=dict(cfg.mlm_group_weights))
+    elif cfg.mlm_masking == "content":
+        groups = ContentWords(model.encoder.tokenizer)
     grounding = {k: v for path in cfg.grounding for k, v in load_grounding(path).items()} if "ground" in cfg.objectives else None
     objectives = EDJEObjectives(model, cfg.objectives, weights, groups, grounding, cfg.flip_mode,
                                 config.get("flip_balance"), cfg.pointer_k)

@@ -10,6 +10,7 @@ from transformers import BertConfig, BertForMaskedLM
 from edje.model.adapters import grid_position
 from edje.model.edje import EDJEModel, load_checkpoint, load_state
 from edje.model.joint_encoder import extend_position_embeddings
+from edje.sampleworld.scene_token_grid import SCENE_TOKENS_BACKBONE
 from edje.schemas.config import AdapterConfig, EDJEConfig, JointEncoderConfig
 from edje.schemas.token_table import TableMetadata
 from edje.training.config import ModelSpec
@@ -170,6 +171,10 @@ def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str, same_weight
     if cfg.backbone.name != meta.backbone or cfg.backbone.feature_layer != meta.feature_layer:
         raise ValueError(f"{where}: trained on {cfg.backbone.name}/{cfg.backbone.feature_layer} tokens, "
                          f"the tables hold {meta.backbone}/{meta.feature_layer}")
+    if same_weights and cfg.backbone.name == SCENE_TOKENS_BACKBONE and cfg.backbone.pretrained != meta.pretrained:
+        # Scene tokens have no weights to hash: their tag names the world kind's tokenizer and its layout.
+        raise ValueError(f"{where}: trained on scene tokens {cfg.backbone.pretrained}, the tables hold "
+                         f"{meta.pretrained}")
     mine, theirs = cfg.backbone.weights_sha256, meta.pretrained_sha256
     if same_weights and mine and theirs and mine != theirs:
         raise ValueError(f"{where}: trained on backbone weights sha256 {mine[:16]}..., the tables were encoded with "

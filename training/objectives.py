@@ -29,6 +29,7 @@ from edje.training.caption_rewrites import (
     flip_axis,
     flip_relations,
 )
+from edje.training.content_masking import ContentWords
 from edje.training.losses import (
     distillation_loss,
     flip_square_loss,
@@ -54,13 +55,15 @@ class EDJEObjectives(nn.Module):
     """Wraps EDJEModel; forward(batch, negatives, teacher_logits) -> dict of losses and ITM accuracy."""
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
-                 word_groups: Optional[PieceGroups] = None, grounding: Optional[Mapping] = None,
-                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance | CaptionFlipBalance] = None, pointer_k: float = 10.0):
+                 word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
+                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance | CaptionFlipBalance] = None,
+                 pointer_k: float = 10.0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
         self.weights = weights
-        # Binding-targeted MLM (training/masking.py): mask one attribute group per caption.
+        # Targeted MLM: one attribute group per caption (training/masking.py) or one content word
+        # (training/content_masking.py).
         self.word_groups = word_groups
         if "ground" in self.objectives and grounding is None:
             raise ValueError("the ground objective needs grounding annotations")
@@ -121,7 +124,8 @@ class EDJEObjectives(nn.Module):
             mlm_logits, labels = encoder.mlm_logits(batch.captions, pos, mask_policy=policy)
             out["loss_mlm"] = mlm_loss(mlm_logits, labels)
             if self.word_groups is not None:
-                # The binding read-out: masked group words predicted right (among their group, synonyms as one).
+                # The binding read-out: masked group words predicted right (among their group, synonyms as one),
+                # or masked content words predicted exactly.
                 out["mlm_bind_acc"] = self.word_groups.readout_accuracy(mlm_logits.detach(), labels)
             total = total + self.weights.get("mlm", 1.0) * out["loss_mlm"]
         if "recovery" in self.objectives:
