@@ -8,7 +8,7 @@ shortcut a model could learn without looking at the image.
 
 Recipes (what a model sees as (positive, negative, weight)):
 - plain:   (c, flip c, 1) for every caption with a flip: the `flip` objective as it stood.
-- caption: (c, flip c, w) with w from `CaptionFlipBalance`: the `flip` objective's caption mode.
+- caption: (c, flip c, w) with w from `FlipBalance(axis=None)`: the `flip` objective's caption mode.
 - trainer: horizontal flips as a flip square, (c, flip c) and (flip c, c) (the mirrored image makes the flipped
            caption true); vertical flips caption-side only, weighted by `FlipBalance`.
 
@@ -31,7 +31,6 @@ from edje.training.caption_rewrites import (
     OPPOSITES,
     UNPAIRED,
     VERTICAL,
-    CaptionFlipBalance,
     FlipBalance,
     caption_axes,
     flip_axis,
@@ -71,8 +70,8 @@ def trainer(train_captions: Sequence[str]) -> Recipe:
 
 
 def caption(train_captions: Sequence[str]) -> Recipe:
-    """Each caption against its `flip_relations` flip, weighted by `CaptionFlipBalance`."""
-    balance = CaptionFlipBalance(train_captions)
+    """Each caption against its `flip_relations` flip, weighted by a `FlipBalance` with no axis."""
+    balance = FlipBalance(train_captions, axis=None)
 
     def pairs(c: str) -> list:
         f = flip_relations(c)

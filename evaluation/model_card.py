@@ -35,6 +35,11 @@ RELATION_LIMITS = ("What its recipe needs from data, beyond image-caption pairs 
                    "attribute and shape words). On open-vocabulary captions the parse finds no noun phrase (\"a dog to "
                    "the left of a bicycle\" scores without error, with no roles), and it takes \"a man left the room\" "
                    "for a relation.",)
+CAPTION_RELATION_LIMITS = ("Relations are read from English's closed class of spatial words (left / right, above / "
+                           "below and their variants) by a rule over the text around them "
+                           "(`edje.model.relation_spans`), with no word list of any world; a relation stated "
+                           "otherwise (\"the dog chases the cat\", \"in front of\", \"inside\") gets no roles and is "
+                           "scored as plain text.",)
 LIMITS = ("Trained on the project's sample world only (small shapes on plain backgrounds, template captions); "
           "real photographs and free-form captions need a checkpoint trained on real pairs.",)
 
@@ -102,10 +107,7 @@ def _body(folder: Path, meta: Dict) -> str:
              f"- Joint encoder: BERT, {bert['num_hidden_layers']} layers x {width} wide, {bert['num_attention_heads']} "
              f"heads; captions up to {enc['max_text_tokens']} wordpieces; input length {enc['max_text_tokens'] + 3 + m} "
              f"at most; word context {enc.get('word_context', 0)}.",
-             (f"- Relations: role embeddings from a parse of spatial prepositions, the subject-minus-object route after "
-              f"layer {enc['route_layer']}, grounding trained after layer {enc.get('ground_layer', 0)}, image positions "
-              f"{enc.get('image_positions', 'after_text')}." if enc.get("route_layer") else
-              "- Relations: none (no role embeddings, route or grounding)."),
+             _relations(enc),
              f"- Backbone (frozen; its tokens are what the adapter reads): `{b['name']}`, weights `{b['pretrained']}` "
              f"(sha256 {str(b.get('weights_sha256') or 'not recorded')[:16]}...), feature layer `{b['feature_layer']}`.",
              "", "## How it was trained", ""]
@@ -135,9 +137,26 @@ def _body(folder: Path, meta: Dict) -> str:
         lines += [""] + [f"- {e['label']}: `{e['command']}`" for e in evals]
     else:
         lines.append("None recorded.")
-    limits = (RELATION_LIMITS if enc.get("route_layer") else (NO_RELATIONS,)) + LIMITS
+    if not enc.get("route_layer"):
+        limits = (NO_RELATIONS,) + LIMITS
+    else:
+        limits = (RELATION_LIMITS if enc.get("role_vocabulary") else CAPTION_RELATION_LIMITS) + LIMITS
     lines += ["", "## Known limits", ""] + [f"- {x}" for x in limits] + [""]
     return "\n".join(lines)
+
+
+def _relations(enc: Dict) -> str:
+    """The card's line on the relation parts the encoder has."""
+    if not enc.get("route_layer"):
+        return "- Relations: none (no role embeddings, route or grounding)."
+    parse = ("a parse of spatial prepositions by the sample world's words (`role_vocabulary`)" if enc.get("role_vocabulary")
+             else "a rule of English over spatial words (no word list)")
+    parts = [f"role embeddings from {parse}", f"the subject-minus-object route after layer {enc['route_layer']}"]
+    if enc.get("ground_layer"):
+        parts.append(f"grounding trained after layer {enc['ground_layer']}")
+    if enc.get("pointer"):
+        parts.append("the pointer (each phrase's expected cell, from its own words, added where the route reads it)")
+    return f"- Relations: {', '.join(parts)}; image positions {enc.get('image_positions', 'after_text')}."
 
 
 def _fmt(x: Optional[float]) -> str:

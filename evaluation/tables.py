@@ -27,7 +27,7 @@ from edje.model.image_decode import load_image_files
 from edje.model.token_encoder import TokenEncoder
 from edje.sampleworld.registry import world_kind
 from edje.sampleworld.scene_token_grid import SCENE_TOKENS_BACKBONE, SceneTokenConfig
-from edje.sampleworld.world import WORLD_JSON, load_world
+from edje.sampleworld.world import WORLD_JSON, load_world, load_world_config
 from edje.schemas.annotations import load_annotations
 from edje.schemas.config import BackboneConfig, CodecConfig
 from edje.schemas.shipped import WORLD_BACKBONES
@@ -119,7 +119,7 @@ def world_backbone(annotations: str) -> str:
     """The backbone shipped for the kind of sample world an annotation file belongs to (its world.json beside it);
     the shapes world's for any other annotation file."""
     folder = Path(annotations).parent
-    kind = load_world(folder).config.kind if (folder / WORLD_JSON).exists() else "shapes"
+    kind = load_world_config(folder).kind if (folder / WORLD_JSON).exists() else "shapes"
     return WORLD_BACKBONES[kind]
 
 

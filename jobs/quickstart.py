@@ -332,12 +332,12 @@ def prepare_world(out: Path, config) -> Path:
     the token tables encoded from it are removed (their image ids would name other images)."""
     import shutil
 
-    from edje.sampleworld import generate, load_world
+    from edje.sampleworld import generate, load_world_config
 
     world = out / "world"
     if (world / "world.json").exists():
         try:
-            if load_world(world).config == config:
+            if load_world_config(world) == config:
                 return world
         except (ValueError, KeyError, TypeError):  # an older or foreign world.json: made otherwise
             pass

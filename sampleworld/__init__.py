@@ -13,7 +13,7 @@ from .registry import KINDS
 from .relations import RELATIONS, Relation
 from .scene import COLOURS, SHAPES, SIZES, Scene, SceneObject, Swap
 from .server import LoopbackServer, serve_directory
-from .world import WorldManifest, generate, load_world, url_rows, write_url_list
+from .world import WorldManifest, generate, load_world, load_world_config, url_rows, write_url_list
 
 __all__ = [
     "COLOURS",
@@ -32,6 +32,7 @@ __all__ = [
     "WorldManifest",
     "generate",
     "load_world",
+    "load_world_config",
     "open_world_config",
     "serve_directory",
     "url_rows",

@@ -127,13 +127,28 @@ def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
     return WorldManifest(root, config, tuple(records), splits, annotations)
 
 
-def load_world(world_dir: str | Path) -> WorldManifest:
-    """Read a generated world back from its world.json."""
-    root = Path(world_dir)
+def _read_world_json(root: Path) -> dict:
+    """A world.json's contents, its format checked."""
     data = json.loads((root / WORLD_JSON).read_text(encoding="utf-8"))
     if data.get("format") != FORMAT_VERSION:
         raise ValueError(f"{root / WORLD_JSON}: unknown format {data.get('format')!r}")
-    config = WorldConfig(**{**data["config"], "held_out": tuple(data["config"].get("held_out", ()))})
+    return data
+
+
+def _config(data: dict) -> WorldConfig:
+    return WorldConfig(**{**data["config"], "held_out": tuple(data["config"].get("held_out", ()))})
+
+
+def load_world_config(world_dir: str | Path) -> WorldConfig:
+    """The config a generated world was made with, without building its image records."""
+    return _config(_read_world_json(Path(world_dir)))
+
+
+def load_world(world_dir: str | Path) -> WorldManifest:
+    """Read a generated world back from its world.json."""
+    root = Path(world_dir)
+    data = _read_world_json(root)
+    config = _config(data)
     kind = world_kind(config.kind)
     records = tuple(ImageRecord.from_json(d, kind.scene_from_json, kind.swap_from_json) for d in data["images"])
     splits = {s: tuple(r.image_id for r in records if r.split == s) for s in SPLITS}

@@ -11,7 +11,6 @@ import pytest
 from edje.training.caption_rewrites import (
     HORIZONTAL,
     VERTICAL,
-    CaptionFlipBalance,
     FlipBalance,
     caption_axes,
     flip_axis,
@@ -89,10 +88,10 @@ def test_flip_balance_weights_the_more_frequent_side_down():
     assert balance.weight("a left of b") == 0.0
 
 
-def test_caption_flip_balance_weights_each_caption_on_the_axis_flip_relations_reverses():
+def test_flip_balance_with_no_axis_weights_each_caption_on_the_axis_flip_relations_reverses():
     captions = (["a left of b"] * 4 + ["a right of b"] * 2 + ["a above b"] * 2 + ["a below b"] * 4
                 + ["a left of b above c"] * 3)
-    balance = CaptionFlipBalance(captions)
+    balance = FlipBalance(captions, axis=None)
     assert balance.weight("a left of b") == pytest.approx(0.5)
     assert balance.weight("a right of b") == 1.0
     # Vertical captions are counted apart from the ones flip_relations reverses horizontally.

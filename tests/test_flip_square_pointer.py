@@ -16,7 +16,7 @@ from conftest import TINY_BERT
 from edje.model.edje import load_checkpoint, read_checkpoint_config
 from edje.schemas.token_table import TableMetadata
 from edje.training.batches import TrainBatch
-from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, CaptionFlipBalance, FlipBalance, flip_axis
+from edje.training.caption_rewrites import HORIZONTAL, VERTICAL, FlipBalance, flip_axis
 from edje.training.config import ModelSpec, TrainJobConfig
 from edje.training.loop import Position, build_optimizer, save_training_checkpoint
 from edje.training.losses import pointer_order_loss
@@ -110,8 +110,8 @@ def test_caption_side_flips_are_weighted_by_the_training_captions_balance():
     calls: list = []
     model.encoder.score = _fake_scorer(calls, sees_mirror=True)
     # Horizontal: 4 "left" for 2 "right"; vertical: 3 "above" for 1 "below" (as the square's test).
-    balance = CaptionFlipBalance(CAPTIONS + CAPTIONS[:1] * 3 + ["a red circle right of a blue square"]
-                                 + CAPTIONS[2:3] * 2)
+    balance = FlipBalance(CAPTIONS + CAPTIONS[:1] * 3 + ["a red circle right of a blue square"] + CAPTIONS[2:3] * 2,
+                          axis=None)
     out = EDJEObjectives(model, ("itm", "flip"), {}, flip_mode="caption", flip_balance=balance)(*_batch())
     # Row 0 ("left") weighs 2/4, row 1 ("right") 1; row 2 ("above") 1/3, row 3 ("below") 1.
     assert calls[-1] == [("a red circle right of a blue square", 1), ("a green star to the left of a cat", 2),
@@ -121,8 +121,9 @@ def test_caption_side_flips_are_weighted_by_the_training_captions_balance():
     expected = (sum(weights) - 1 / 3) * _sp(-2.0) / sum(weights) + (1 / 3) * math.log(2) / sum(weights)
     assert out["loss_flip"].item() == pytest.approx(expected)
     assert float(out["flip_acc"]) == pytest.approx(3 / 4)
-    with pytest.raises(ValueError, match="CaptionFlipBalance"):
-        EDJEObjectives(_model(), ("itm", "flip"), {}, flip_mode="caption")
+    for wrong in (None, FlipBalance(CAPTIONS, VERTICAL)):
+        with pytest.raises(ValueError, match="axis None"):
+            EDJEObjectives(_model(), ("itm", "flip"), {}, flip_mode="caption", flip_balance=wrong)
 
 
 def test_flip_square_needs_a_vertical_flip_balance():

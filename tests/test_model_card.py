@@ -45,3 +45,16 @@ def test_an_evaluation_is_recorded_and_shown(tmp_path):
     assert "`jobs/quickstart.py --seed 913`" in text
     recorded = json.loads((ckpt / "config.json").read_text())["evaluations"]
     assert [e["label"] for e in recorded][-1] == "seed 913"
+
+
+def test_a_caption_only_relation_card_says_its_roles_come_from_english(tmp_path):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(REPO / "checkpoints" / "edje-local-rel", ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["config"]["encoder"].update(role_vocabulary=None, ground_layer=0, pointer=True)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    main([str(ckpt)])
+    text = (ckpt / "README.md").read_text()
+    assert "role embeddings from a rule of English over spatial words (no word list)" in text and "the pointer" in text
+    assert "grounding" not in text.split("## How it was trained")[0]
+    assert "closed class of spatial words" in text and "role_vocabulary" not in text

@@ -271,7 +271,7 @@ def test_flip_relations_reverses_every_spatial_word_and_nothing_else():
 
 def test_flip_objective_scores_each_relational_positive_against_its_flipped_caption(encoders):
     from edje.training.batches import TrainBatch
-    from edje.training.caption_rewrites import CaptionFlipBalance, flip_relations
+    from edje.training.caption_rewrites import FlipBalance, flip_relations
     from edje.training.negatives import Negatives
     from edje.training.objectives import EDJEObjectives
 
@@ -283,7 +283,8 @@ def test_flip_objective_scores_each_relational_positive_against_its_flipped_capt
     caps = ["a red circle to the left of a blue square", "a big star", "a disc above a cross"]
     batch = TrainBatch(["a", "b", "c"], caps, torch.randn(3, 4, 64), torch.randn(3, 8), torch.randn(3, 8))
     neg = Negatives(torch.randn(3, 1, 4, 64), [[caps[1]], [caps[2]], [caps[0]]])
-    out = EDJEObjectives(Model(grown), ("itm", "flip"), {}, flip_balance=CaptionFlipBalance(caps + [flip_relations(caps[0])]))(batch, neg)
+    balance = FlipBalance(caps + [flip_relations(caps[0])], axis=None)
+    out = EDJEObjectives(Model(grown), ("itm", "flip"), {}, flip_balance=balance)(batch, neg)
     assert float(out["loss_flip"]) > 0 and 0 <= float(out["flip_acc"]) <= 1
     with pytest.raises(ValueError, match="needs the itm objective"):
         EDJEObjectives(Model(grown), ("mlm", "flip"), {})(batch, neg)

@@ -9,8 +9,8 @@ word that maps back to it, so flip(flip(c)) == c and a flipped caption uses the 
 A horizontal flip is also what a left-right mirror does to the image ("left-facing" -> "right-facing"
 included), so (mirror image, flipped caption) is a true pair: the *flip square*. Vertical flips have no
 such image (a mirrored triangle points down), so they stay caption-side only; `FlipBalance` weights them so
-that a blind model cannot tell a true caption from its flip by its spatial words. `CaptionFlipBalance` does the
-same for `flip_relations` (every flip caption-side, one axis a caption).
+that a blind model cannot tell a true caption from its flip by its spatial words, and does the same for
+`flip_relations` (every flip caption-side, one axis a caption).
 """
 from __future__ import annotations
 
@@ -110,37 +110,28 @@ def flip_relations(caption: str) -> str | None:
 
 
 class FlipBalance:
-    """Weights for caption-side flips on one axis, counted over the training captions, that give every key of
-    spatial words (both axes) as much weight among the true captions as among the flipped ones.
+    """Weights for caption-side flips, counted over the training captions, that give every key of spatial words
+    (both axes) as much weight among the true captions as among the flipped ones. ``axis`` names the flips: those
+    on one axis (`flip_axis`), or with None those of `flip_relations` (one axis a caption, horizontal first).
 
     A caption-side flip shows a model (image, c) as true and (image, flip c) as false. If the data says "above"
     more often than "below" (a world that words "above" two ways and "below" three), a blind count of the spatial
     words alone beats chance. Weighting a caption with key k by min(n[k], n[flip k]) / n[k] leaves each key with
-    min(n[k], n[flip k]) as a positive and the same as a negative, because the flip is its own inverse."""
+    min(n[k], n[flip k]) as a positive and the same as a negative, because the flip is its own inverse. With
+    ``axis`` None the keys still pair up: a key with horizontal words flips to one with horizontal words, a key
+    with vertical words only to one with vertical words only."""
 
-    def __init__(self, captions: Iterable[str], axis: str):
+    def __init__(self, captions: Iterable[str], axis: str | None):
         self.axis = axis
-        self.counts: Counter = Counter(spatial_words(c) for c in captions if flip_axis(c, axis) is not None)
+        self.counts: Counter = Counter(spatial_words(c) for c in captions if self.flip(c) is not None)
+
+    def flip(self, caption: str) -> str | None:
+        """The caption's flip that this balance weighs; None when it has none."""
+        return flip_relations(caption) if self.axis is None else flip_axis(caption, self.axis)
 
     def weight(self, caption: str) -> float:
-        """The caption's flip weight in [0, 1]; 0 for a caption that cannot be flipped on the axis or whose
-        flipped key never occurs as a true caption."""
-        flipped = flip_axis(caption, self.axis)
+        """The caption's flip weight in [0, 1]; 0 for a caption that cannot be flipped or whose flipped key never
+        occurs as a true caption."""
+        flipped = self.flip(caption)
         n = self.counts.get(spatial_words(caption), 0) if flipped is not None else 0
         return min(n, self.counts.get(spatial_words(flipped), 0)) / n if n else 0.0
-
-
-class CaptionFlipBalance:
-    """Weights for `flip_relations`' caption-side flips (one axis a caption, horizontal when it has one), counted
-    over the training captions: a `FlipBalance` per axis, the vertical one over the captions flipped vertically,
-    so that on each axis every key of spatial words is as often true as flipped."""
-
-    def __init__(self, captions: Iterable[str]):
-        captions = list(captions)
-        self.balances = {HORIZONTAL: FlipBalance(captions, HORIZONTAL),
-                         VERTICAL: FlipBalance((c for c in captions if caption_axes(c)[:1] == (VERTICAL,)), VERTICAL)}
-
-    def weight(self, caption: str) -> float:
-        """The weight in [0, 1] of the caption's flip by `flip_relations`; 0 for a caption it cannot flip."""
-        axes = caption_axes(caption)
-        return self.balances[axes[0]].weight(caption) if axes else 0.0

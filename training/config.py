@@ -138,7 +138,7 @@ class TrainJobConfig:
     # Each job sets its own default (training/launch.py's build_parser).
     objectives: Tuple[str, ...] = option(PRETRAIN_OBJECTIVES, nargs="+", choices=list(OBJECTIVES), convert=tuple)
     # The flip objective's negatives. "caption": each positive against its caption reversed on one axis, same
-    # image, weighted so that each key of spatial words is as often true as flipped (CaptionFlipBalance).
+    # image, weighted so that each key of spatial words is as often true as flipped (FlipBalance, axis None).
     # "square": a caption with horizontal spatial words makes a square with the image's mirrored copy ((I, c)
     # and (mirror I, flip c) true, (I, flip c) and (mirror I, c) false: every string and image true once and
     # false once, so the spatial words alone tell nothing); vertical ones (no mirror keeps their labels) stay

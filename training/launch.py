@@ -15,7 +15,7 @@ import fsspec
 from edje.schemas.cli_options import add_options, from_args
 from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata, read_token_table
 from edje.storage.hub import CheckpointNotFound, hub_env
-from edje.training.caption_rewrites import VERTICAL, CaptionFlipBalance, FlipBalance
+from edje.training.caption_rewrites import VERTICAL, FlipBalance
 from edje.training.config import TrainJobConfig
 from edje.training.config import absolute_path as _absolute
 from edje.training.language_model import pack, resolve_language_model
@@ -73,7 +73,7 @@ def run(cfg: TrainJobConfig, language_model=None):
         # Built once over every worker's captions: each worker weighs its rows by the whole run's counts.
         flips = {"mirror_paths": mirrors, "flip_balance": FlipBalance(training_captions(paths), VERTICAL)}
     elif "flip" in cfg.objectives:
-        flips = {"flip_balance": CaptionFlipBalance(training_captions(paths))}
+        flips = {"flip_balance": FlipBalance(training_captions(paths), axis=None)}
     trainer = TorchTrainer(
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,

@@ -23,7 +23,6 @@ from edje.training.batches import TrainBatch
 from edje.training.caption_rewrites import (
     HORIZONTAL,
     VERTICAL,
-    CaptionFlipBalance,
     FlipBalance,
     caption_axes,
     flip_axis,
@@ -56,7 +55,7 @@ class EDJEObjectives(nn.Module):
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
-                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance | CaptionFlipBalance] = None,
+                 flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None,
                  pointer_k: float = 10.0):
         super().__init__()
         self.model = model
@@ -72,10 +71,11 @@ class EDJEObjectives(nn.Module):
         if flip_mode == "square" and not (isinstance(flip_balance, FlipBalance) and flip_balance.axis == VERTICAL):
             raise ValueError("the flip square weighs vertical flips by a FlipBalance of the training captions' "
                              "vertical axis")
-        if "flip" in self.objectives and flip_mode == "caption" and not isinstance(flip_balance, CaptionFlipBalance):
+        if "flip" in self.objectives and flip_mode == "caption" and not (isinstance(flip_balance, FlipBalance)
+                                                                         and flip_balance.axis is None):
             # Unweighted, a world that words one side of an axis more often than the other lets a blind model
             # tell a caption from its flip by the spatial words alone.
-            raise ValueError("caption-side flips are weighted by a CaptionFlipBalance of the training captions")
+            raise ValueError("caption-side flips are weighted by a FlipBalance of the training captions with axis None")
         if "pointer" in self.objectives and not model.encoder.config.pointer:
             raise ValueError("the pointer objective trains the model's pointer: build it with pointer=True")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
