@@ -262,8 +262,9 @@ def test_a_pointer_checkpoint_scores_without_any_world_vocabulary(tmp_path):
 
 
 def test_a_warm_start_gains_the_rule_and_a_pointer_that_starts_away_from_zero():
-    vocab = _model(relation_roles=True, route_layer=1, image_positions="fixed")
-    assert vocab.config.encoder.role_vocabulary  # the diagnostic parse's word list, as before
+    assert _model(relation_roles=True, route_layer=1).config.encoder.role_vocabulary is None  # a new model: the rule
+    vocab = _model(relation_roles=True, route_layer=1, image_positions="fixed", role_parse="vocabulary")
+    assert vocab.config.encoder.role_vocabulary  # the diagnostic parse's word list, on request
     grown = with_relations(vocab, ModelSpec(role_parse="english", pointer=True))
     enc = grown.encoder.config
     assert enc.role_vocabulary is None and enc.pointer and enc.relation_roles

@@ -231,6 +231,9 @@ def test_a_warm_start_grows_relation_parts_and_seeds_fixed_cell_positions(tiny_e
     grown = with_relations(model, ModelSpec(relation_roles=True, route_layer=2, ground_layer=1, image_positions="fixed"))
     enc = grown.encoder.config
     assert (enc.relation_roles, enc.route_layer, enc.ground_layer, enc.image_positions) == (True, 2, 1, "fixed")
+    assert enc.role_vocabulary is None  # roles by the rule of English unless the diagnostic parse is asked for
+    asked = with_relations(model, ModelSpec(relation_roles=True, route_layer=2, role_parse="vocabulary"))
+    assert "circle" in asked.encoder.config.role_vocabulary
     old = model.encoder.bert.bert.embeddings.position_embeddings.weight
     new = grown.encoder.bert.bert.embeddings.position_embeddings.weight
     start, m = enc.max_text_tokens + 2, enc.num_image_tokens

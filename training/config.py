@@ -98,13 +98,13 @@ class ModelSpec:
         "caption's length")
     relation_roles: bool = option(False, group=RELATIONS_GROUP, help="relation / subject / object role embeddings "
                                   "from a parse of spatial prepositions")
-    # Where the roles come from: "vocabulary", a parse by the sample world's words (a diagnostic; recorded in the
-    # checkpoint as role_vocabulary); "english", the rule of English (model/relation_spans.py), no word list. None:
-    # "vocabulary" for a new model, and a checkpoint's own roles for --init.
+    # Where the roles come from: "english", the rule of English (model/relation_spans.py), no word list;
+    # "vocabulary", a parse by the sample world's words (a diagnostic; recorded in the checkpoint as
+    # role_vocabulary). None: "english" for a new model, and a checkpoint's own roles for --init.
     role_parse: Optional[Literal["vocabulary", "english"]] = option(
         None, group=RELATIONS_GROUP, help="where the roles come from. vocabulary: a parse by the sample world's words "
         "(a diagnostic, recorded as role_vocabulary); english: a rule of English, no word list of any world (default: "
-        "vocabulary for a new model, the --init checkpoint's own roles)")
+        "english for a new model, the --init checkpoint's own roles)")
     route_layer: int = option(0, group=RELATIONS_GROUP, help="after this many layers, each relation word receives "
                               "P(subject - object) (0: off)")
     ground_layer: int = option(0, group=RELATIONS_GROUP, help="after this many layers, a head regresses grounded "

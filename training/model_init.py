@@ -96,8 +96,8 @@ RELATION_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_l
 
 def relation_fields(spec: ModelSpec) -> dict:
     """The spec's relation options, as JointEncoderConfig fields (with the role parse's word list when roles are on
-    and come from the vocabulary parse)."""
-    vocabulary = spec.relation_roles and spec.role_parse != "english"
+    and the diagnostic vocabulary parse is asked for)."""
+    vocabulary = spec.relation_roles and spec.role_parse == "vocabulary"
     return {**{f: getattr(spec, f) for f in RELATION_FIELDS}, **_role_vocabulary(vocabulary)}
 
 
@@ -119,10 +119,10 @@ def with_relations(model: EDJEModel, spec: ModelSpec) -> EDJEModel:
     default = ModelSpec()
     asked = {f: getattr(spec, f) for f in RELATION_FIELDS if getattr(spec, f) != getattr(default, f)}
     had_roles = model.config.encoder.relation_roles
-    if spec.role_parse == "english":
-        asked["role_vocabulary"] = None
-    elif asked.get("relation_roles") and (spec.role_parse == "vocabulary" or not had_roles):
+    if spec.role_parse == "vocabulary":
         asked.update(_role_vocabulary(True))
+    elif spec.role_parse == "english" or (asked.get("relation_roles") and not had_roles):
+        asked["role_vocabulary"] = None
     position = spec.adapter_position if spec.adapter_position != default.adapter_position else model.config.adapter.position
     if all(getattr(model.config.encoder, f) == v for f, v in asked.items()) and position == model.config.adapter.position:
         return model
