@@ -42,8 +42,11 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="share of two-object families with both objects on one side of the image centre "
                    f"(default {_DEFAULTS.same_side_rate}; open: {OPEN_DEFAULTS['same_side_rate']})")
     g.add_argument("--held-out", nargs="+", default=[], metavar="VALUE+VALUE",
-                   help="attribute combinations withheld, e.g. red+circle large+square; open worlds: a noun or category "
-                   "with a size, count or facing, e.g. dog+large animal+two car+left (see --held-out-mode)")
+                   help="attribute combinations withheld, e.g. red+circle large+square; shapes worlds also take one "
+                   "relation side (left, right, above, below) per combination: star+left is a star that lies left of "
+                   "another object as the captions state it (\"a star left of a circle\", \"a circle right of a star\"); "
+                   "open worlds: a noun or category with a size, count or facing, e.g. dog+large animal+two car+left, "
+                   "where left is the way a thing faces (see --held-out-mode)")
     g.add_argument("--held-out-mode", choices=("exclude", "only"), default="exclude",
                    help="exclude: no image shows a held-out combination (training worlds); only: every image shows "
                    "one (the held-out test world)")

@@ -24,7 +24,7 @@ class WorldConfig:
     # image, no twins (family_size 1), captions that name its three attributes.
     min_objects: int = 2
     max_objects: int = 3
-    # Withheld attribute combinations ("red+circle", "large+square"; sampleworld/held_out.py) and whether the
+    # Withheld attribute combinations ("red+circle", "large+square", "star+left"; sampleworld/held_out.py) and whether the
     # world excludes them everywhere or is made only of images that show one.
     held_out: tuple[str, ...] = ()
     held_out_mode: str = "exclude"
