@@ -1,6 +1,6 @@
 """EDJE on Ray's Python API, installed as `edje` (the folder edje/): `from edje import EDJEReranker`.
 
-    reranker = EDJEReranker.from_pretrained("checkpoints/edje-c16-rel")
+    reranker = EDJEReranker.from_pretrained("checkpoints/edje-c16-caprel")
     reranker.rank("a red circle left of a blue square", ["a.png", "b.png"], top_k=1)
 
 The system's parts install under this one name, each from its own top-level folder (`edje.pipeline` is pipeline/,

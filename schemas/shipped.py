@@ -10,11 +10,13 @@ from typing import Dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BACKBONE = "edje-tiny-convvit"  # the project's small backbone (conv stem + ViT), trained on the sample world
-# The rerankers shipped for that backbone, both with the relation parts: the compressed default (16 stored tokens
-# a image) and the local one it was distilled from (64 tokens), which stays selectable with --checkpoint. The
-# earlier pair without relations (edje-c16-bind, edje-local-bind) stays for comparison and for tests.
-DEFAULT_RERANKER = "checkpoints/edje-c16-rel"
-LOCAL_RERANKER = "checkpoints/edje-local-rel"
+# The rerankers shipped for that backbone, both with relations learned from image-caption pairs alone (no scene
+# graph, no word list): the compressed default (16 stored tokens a image) and the local one it was distilled from
+# (64 tokens), which stays selectable with --checkpoint. Two earlier pairs stay for comparison and for tests: the
+# scene-graph relation pair (edje-c16-rel, edje-local-rel: grounding and the world's word parse) and the pair
+# without relations (edje-c16-bind, edje-local-bind).
+DEFAULT_RERANKER = "checkpoints/edje-c16-caprel"
+LOCAL_RERANKER = "checkpoints/edje-local-caprel"
 SHIPPED_BACKBONE_WEIGHTS: Dict[str, str] = {
     "edje-tiny-convvit": "checkpoints/edje-tiny-convvit-sw.safetensors",
     "edje-tiny-clip": "checkpoints/edje-tiny-clip-sw.safetensors",  # the previous default: no shape (BENCHMARKS.md)

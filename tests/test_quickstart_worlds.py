@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_each_world_takes_its_presets_defaults():
     shapes = qs.world_defaults(qs.QuickstartConfig())
-    assert (shapes.checkpoint, shapes.same_side_rate) == (str(ROOT / "checkpoints/edje-c16-rel"), 0.25)
+    assert (shapes.checkpoint, shapes.same_side_rate) == (str(ROOT / "checkpoints/edje-c16-caprel"), 0.25)
     assert (shapes.train_world_seed, shapes.train_world_n_train, shapes.train_world_n_val) == (100, 12000, 500)
     open_ = qs.world_defaults(qs.QuickstartConfig(world="open"))
     assert open_.checkpoint == str(ROOT / "checkpoints/edje-open-c16")
@@ -46,7 +46,7 @@ def test_the_help_says_which_options_follow_the_world(capsys, monkeypatch):
         qs.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--world {shapes,open}" in out
-    for text in ("checkpoints/edje-c16-rel, open checkpoints/edje-open-c16",
+    for text in ("checkpoints/edje-c16-caprel, open checkpoints/edje-open-c16",
                  "checkpoints/edje-tiny-convvit-sw.safetensors, open checkpoints/edje-open-convvit-128.safetensors",
                  "shapes 100, open 300", "shapes 12000, open 12000", "shapes 500, open 1000"):
         assert text in out
@@ -65,7 +65,7 @@ def _checkpoint(tmp_path: Path, folder: str, **backbone) -> Path:
 
 def test_the_backbone_is_the_one_the_checkpoint_names(tmp_path):
     shipped = qs.resolve_models(qs.QuickstartConfig())
-    assert shipped == qs.Models(str(ROOT / "checkpoints/edje-c16-rel"), "edje-tiny-convvit",
+    assert shipped == qs.Models(str(ROOT / "checkpoints/edje-c16-caprel"), "edje-tiny-convvit",
                                 str(ROOT / "checkpoints/edje-tiny-convvit-sw.safetensors"))
     # Another checkpoint: its backbone by name, and the weights it records (found beside it, here or in the repo).
     weights = tmp_path / "w.safetensors"
