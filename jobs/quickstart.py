@@ -180,7 +180,7 @@ def run(cfg: QuickstartConfig) -> dict:
                 print(f"    made by: {made_by}", flush=True)
 
         step(5, f"compressed-token encode with the checkpoint's adapter ({cfg.quant})", t0)
-        comp = run_encode_job(EncodeJobConfig(output=str(out / f"compressed-{cfg.quant}"), adapter=checkpoint,
+        comp = run_encode_job(EncodeJobConfig(output=str(compressed_folder(out, checkpoint, cfg.quant)), adapter=checkpoint,
                                               quant=cfg.quant, **common))
 
         step(6, f"evaluation: first stage (FAISS) vs EDJE reranking of the top {cfg.k}", t0)
@@ -325,6 +325,13 @@ def reference_world(cfg: QuickstartConfig, held_out: tuple):
         return None
     return parse_reference(str(cfg.train_world_seed), cfg.train_world_n_train, cfg.train_world_n_val, held_out,
                            preset(cfg.world).kind)
+
+
+def compressed_folder(out: Path, checkpoint: str, quant: str) -> Path:
+    """The compressed tables' folder: one per adapter (its weights' hash) and precision, so that a run with another
+    checkpoint (a new default, --checkpoint) encodes its own tables beside, not into, another adapter's."""
+    adapter = json.loads((Path(checkpoint) / "config.json").read_text()).get("adapter_hash", "unhashed")
+    return out / f"compressed-{quant}-{adapter}"
 
 
 def prepare_world(out: Path, config) -> Path:

@@ -115,10 +115,11 @@ def test_the_world_step_makes_only_and_exclude_worlds(tmp_path):
     assert qs.prepare_world(tmp_path, only_cfg) == world and (world / "world.json").stat().st_mtime_ns == stamp
     # Another world: regenerated, and the tables encoded from the old one are removed.
     (tmp_path / "raw").mkdir()
-    (tmp_path / "compressed-int8").mkdir()
+    compressed = qs.compressed_folder(tmp_path, str(ROOT / "checkpoints" / "edje-c16-bind"), "int8")
+    compressed.mkdir()
     ex_cfg = qs.world_config(qs.QuickstartConfig(seed=9797, test_images=40, held_out_mode="exclude"), tuple(COMBOS))
     qs.prepare_world(tmp_path, ex_cfg)
-    assert not (tmp_path / "raw").exists() and not (tmp_path / "compressed-int8").exists()
+    assert not (tmp_path / "raw").exists() and not compressed.exists()
     records = load_world(world).images
     assert len(records) == 40 and not any(held.in_scene(r.scene) for r in records)
     # Without --held-out-mode the seed's default world, as before.

@@ -190,3 +190,13 @@ def test_the_world_option_reaches_the_config(monkeypatch):
     monkeypatch.setattr(qs, "run", runs.append)
     qs.main(["--world", "open", "--seed", "2", "--train-world-n-val", "9", "--test-images", "40", "--keep-serving"])
     assert runs == [qs.QuickstartConfig(world="open", seed=2, train_world_n_val=9, test_images=40, keep_serving=True)]
+
+
+def test_each_adapter_encodes_its_own_compressed_tables(tmp_path):
+    """A rerun with another checkpoint (a new default, --checkpoint) writes its tables beside the old adapter's, not
+    into them (the encode job refuses an output folder made by another adapter)."""
+    folders = {qs.compressed_folder(tmp_path, str(ROOT / "checkpoints" / name), "int8")
+               for name in ("edje-c16-caprel", "edje-c16-rel", "edje-c16-bind")}
+    assert len(folders) == 3 and all(f.parent == tmp_path and f.name.startswith("compressed-int8-") for f in folders)
+    again = qs.compressed_folder(tmp_path, str(ROOT / "checkpoints" / "edje-c16-caprel"), "int8")
+    assert again in folders and again != qs.compressed_folder(tmp_path, str(ROOT / "checkpoints" / "edje-c16-caprel"), "int4")
