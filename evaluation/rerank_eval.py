@@ -110,6 +110,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     ann = load_annotations(cfg.annotations)
     records = world_records(ann)
     ann, held_flags, added = choose_queries(ann, records, cfg)
+    # Text->image figures are over each image's first captions, as without the split; the added held-out-template
+    # queries are reported apart, so a world with templates reads like one without.
+    base = None if added is None else np.flatnonzero(~added)
     world = None if records is None else families_and_scenes(records)
     novel = novel_mask(ann, world, cfg.novel_against)  # before any model runs: a missing world.json fails at once
     table, meta = read_token_tables(expand_paths(cfg.tokens))
@@ -174,7 +177,8 @@ def evaluate(cfg: EvalConfig) -> Dict:
     if model is not None and ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
         orders["t2i"]["reranked_itm_only"], orders["i2t"]["reranked_itm_only"] = itm_only
     answers = {"t2i": t2i.answers, "i2t": i2t.answers}
-    metrics = {name: stage_recalls(orders[name], answers[name]) for name in ("t2i", "i2t")}
+    metrics = {name: stage_recalls(orders[name], answers[name], base if name == "t2i" else None)
+               for name in ("t2i", "i2t")}
     if model is not None:
         metrics["ranking"] = asdict(ranking)
         # What relevance_score means on this split: mean probability of true pairs vs the other candidates.
@@ -184,12 +188,13 @@ def evaluate(cfg: EvalConfig) -> Dict:
         families = binding_context(ann, world)
         k = min(cfg.k, ann.num_images)
         for name in ("t2i", "i2t"):
-            metrics[name]["within_family"] = family_metrics(orders[name], answers[name], *families[name], k)
+            metrics[name]["within_family"] = family_metrics(orders[name], answers[name], *families[name], k,
+                                                            base if name == "t2i" else None)
         if novel is not None:
-            metrics["novel"] = novel_metrics(cfg.novel_against, novel, ann, orders, answers, families, k)
+            metrics["novel"] = novel_metrics(cfg.novel_against, novel, ann, orders, answers, families, k, base)
         if held_flags is not None:
-            metrics["held_out_templates"] = held_out_metrics(held_flags, added, orders["t2i"], answers["t2i"],
-                                                             families["t2i"], k)
+            metrics["held_out_templates"] = held_out_metrics(held_flags, 0 if added is None else int(added.sum()),
+                                                             orders["t2i"], answers["t2i"], families["t2i"], k)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -206,10 +211,10 @@ def evaluate(cfg: EvalConfig) -> Dict:
 
 
 def choose_queries(ann: Annotations, records: Optional[Sequence[dict]],
-                   cfg: EvalConfig) -> Tuple[Annotations, Optional[np.ndarray], int]:
+                   cfg: EvalConfig) -> Tuple[Annotations, Optional[np.ndarray], Optional[np.ndarray]]:
     """The text queries: each image's first `max_queries_per_image` captions (all: None) and, in a world that records
     caption templates, its first `held_out_template_queries` captions written from a held-out template; with whether
-    each query is one (None: no templates recorded) and how many were added for that split."""
+    each query is one (None: no templates recorded) and whether it was added for that split (None: none added)."""
     flags = held_out_templates.caption_flags(ann, records)
     if cfg.held_out_template_queries and flags is None:
         print("[evaluate] --held-out-template-queries: the world beside the annotations records no caption templates "
@@ -217,10 +222,11 @@ def choose_queries(ann: Annotations, records: Optional[Sequence[dict]],
     per_image = ann.image_to_captions()
     keep = held_out_templates.select_queries(per_image, flags, cfg.max_queries_per_image, cfg.held_out_template_queries)
     if keep is None:
-        return ann, flags, 0
-    added = len(keep) - sum(min(len(c), cfg.max_queries_per_image) for c in per_image)
+        return ann, flags, None
+    first = {int(j) for caps in per_image for j in caps[:cfg.max_queries_per_image]}
+    added = np.array([int(j) not in first for j in keep], dtype=bool)
     ann = Annotations(ann.path, ann.image_ids, ann.image_paths, [ann.captions[j] for j in keep], ann.caption_image[keep])
-    return ann, None if flags is None else flags[keep], added
+    return ann, None if flags is None else flags[keep], added if added.any() else None
 
 
 def novel_mask(ann: Annotations, world: Optional[Tuple[np.ndarray, List[Scene]]],
@@ -267,11 +273,14 @@ def family_metrics(orders: Dict[str, np.ndarray], answers: Sequence[np.ndarray],
 
 
 def novel_metrics(against: novelty.ReferenceWorld, novel: np.ndarray, ann: Annotations, orders: Dict, answers: Dict,
-                  families: Dict, k: int) -> Dict:
-    """The novel images' counts, and recall and within-family accuracy over the queries whose answer is novel."""
+                  families: Dict, k: int, base: Optional[np.ndarray] = None) -> Dict:
+    """The novel images' counts, and recall and within-family accuracy over the queries whose answer is novel (text
+    queries among `base` alone, when given)."""
     out: Dict = {"against": against.describe(), **novelty.counts(novel)}
     for name in ("t2i", "i2t"):
         q = novelty.query_subset(name, novel, ann.caption_image)
+        if name == "t2i" and base is not None:
+            q = np.intersect1d(q, base)
         out[name] = {"queries": int(q.size)}
         if q.size:  # a world whose every meaning was seen has no novel query to score
             out[name].update(stage_recalls(orders[name], answers[name], q))
@@ -453,8 +462,8 @@ def novel_markdown(novel: Dict, subsets: Optional[str] = None) -> List[str]:
 def held_out_markdown(block: Dict, subsets: Optional[str] = None) -> List[str]:
     """The held-out-template counts and the text→image figures over those queries (`twin_markdown`'s with
     `subsets`), as Markdown lines."""
-    added = (f"; {block['added_queries']} of them were added to each image's first captions for this split"
-             if block["added_queries"] else "")
+    added = (f"; {block['added_queries']} of them were added to each image's first captions for this split, and "
+             "count here alone (the text→image figures above are over the first captions)" if block["added_queries"] else "")
     counts = (f"Held-out caption templates: {block['held_out_queries']} of the {block['queries']} text queries are "
               f"written from a template no training caption uses{added}.")
     if not block["t2i"]["queries"]:

@@ -121,6 +121,11 @@ def test_the_held_out_template_split_on_an_open_world(open_world, tmp_path):
     m0, run0 = _evaluate(open_world, tmp_path / "none", "--max-queries-per-image", "1")
     assert run0["queries"]["t2i"] == N_TEST
     assert (m0["held_out_templates"]["held_out_queries"], m0["held_out_templates"]["added_queries"]) == (first_held, 0)
+    # Text->image figures stay over each image's first captions: the added queries count in their split alone.
+    for stage in ("first_stage", "reranked"):
+        assert m["t2i"][stage] == m0["t2i"][stage]
+        assert m["t2i"]["within_family"][stage] == m0["t2i"]["within_family"][stage]
+    assert "count here alone" in md
 
     # Every caption a query: the split is every held-out caption, and its figures are those of the same queries
     # chosen the other way (each query's ranking depends on its own text alone).
