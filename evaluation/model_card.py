@@ -112,6 +112,10 @@ def _body(folder: Path, meta: Dict) -> str:
              f"(sha256 {str(b.get('weights_sha256') or 'not recorded')[:16]}...), feature layer `{b['feature_layer']}`.",
              "", "## How it was trained", ""]
     lines.append(f"- Command: {meta.get('command', 'not recorded')}")
+    if meta.get("held_out"):
+        lines.append(f"- Held out: no image of its training showed {', '.join(f'`{h}`' for h in meta['held_out'])} "
+                     "(config.json's `held_out`; `jobs/quickstart.py --held-out-mode only|exclude` tests it on a world "
+                     "made of them or one without them); it covers the reranker's training, not the frozen backbone's.")
     metrics = meta.get("metrics", {})
     if metrics:
         mins = metrics.get("elapsed_s")

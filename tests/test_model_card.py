@@ -58,3 +58,16 @@ def test_a_caption_only_relation_card_says_its_roles_come_from_english(tmp_path)
     assert "role embeddings from a rule of English over spatial words (no word list)" in text and "the pointer" in text
     assert "grounding" not in text.split("## How it was trained")[0]
     assert "closed class of spatial words" in text and "role_vocabulary" not in text
+
+
+def test_a_held_out_card_names_what_its_training_never_showed(tmp_path):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(SHIPPED[0], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    main([str(ckpt)])
+    assert "Held out" not in (ckpt / "README.md").read_text()
+    (ckpt / "config.json").write_text(json.dumps({**config, "held_out": ["red+circle", "star+left"]}))
+    main([str(ckpt)])
+    text = (ckpt / "README.md").read_text()
+    assert "- Held out: no image of its training showed `red+circle`, `star+left`" in text
+    assert "--held-out-mode only|exclude" in text and "not the frozen backbone's" in text
