@@ -255,7 +255,11 @@ class JointEncoder(nn.Module):
 
         def mean(weights: torch.Tensor) -> torch.Tensor:
             return torch.einsum("btk,bth->bkh", weights, h) / weights.sum(1).clamp_min(1)[..., None]
-        h = h + torch.einsum("btk,bkh->bth", rel, self.route(mean(sub) - mean(obj)))
+        route_input = mean(sub) - mean(obj)  # [B, relations, h]
+        if self._pass.want_route:  # only score_and_route reads it; other passes keep nothing alive
+            self._pass.route_inputs = route_input
+            self._pass.route_valid = (rel.sum(1) > 0) & (sub.sum(1) > 0) & (obj.sum(1) > 0)
+        h = h + torch.einsum("btk,bkh->bth", rel, self.route(route_input))
         return (h, *output[1:]) if isinstance(output, tuple) else h
 
     def _keep_ground_states(self, module, inputs, output):
@@ -273,6 +277,21 @@ class JointEncoder(nn.Module):
             self._pass.want_ground = False
         states, self._pass.ground_states = self._pass.ground_states, None
         return self.itm_head(hidden).squeeze(-1), self.ground_head(states)
+
+    def score_and_route(self, texts: Sequence[str], image_tokens: torch.Tensor):
+        """(ITM logits [B], route inputs [B, R, h], valid [B, R]): what the route reads for each of the R relation
+        slots, mean(subject states) - mean(object states) at `route_layer` (after the pointer's addition, when on), and
+        whether the slot has a relation word and non-empty subject and object phrases."""
+        if not self.config.route_layer:
+            raise ValueError("this joint encoder has no route (route_layer=0)")
+        self._pass.want_route = True
+        try:
+            hidden, _ = self.encode_pairs(texts, image_tokens)
+            inputs, valid = self._pass.route_inputs, self._pass.route_valid
+        finally:
+            self._pass.want_route = False
+            self._pass.route_inputs = self._pass.route_valid = None
+        return self.itm_head(hidden).squeeze(-1), inputs, valid
 
     def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
         """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
@@ -478,12 +497,16 @@ def _to(batch: PairBatch, device: torch.device) -> PairBatch:
 
 
 class _PassState(threading.local):
-    """Per-thread scratch of one forward (the batch's roles, the grounding layer's states); copies start empty."""
+    """Per-thread scratch of one forward (the batch's roles, the grounding layer's states, the route's inputs); copies
+    start empty."""
 
     roles: Optional[torch.Tensor] = None
     pointer: Optional[torch.Tensor] = None  # the pointer's addition to the phrases' states at the route layer
     ground_states: Optional[torch.Tensor] = None
     want_ground: bool = False
+    route_inputs: Optional[torch.Tensor] = None  # [B, relations, h] mean(subject) - mean(object) the route read
+    route_valid: Optional[torch.Tensor] = None  # [B, relations] slots with a relation word and both phrases
+    want_route: bool = False
 
     def __reduce__(self):
         return (_PassState, ())

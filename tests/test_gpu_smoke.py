@@ -96,7 +96,7 @@ def test_train(smoke):
     pos, rows = Position(), []
     while pos.step < steps:
         for i, raw in planned_batches(table, planner, planner.batches_per_epoch, pos):
-            batch, neg, t_logits = step_inputs(raw, meta, device, miner_cfg, generator)
+            batch, neg, t_logits, _ = step_inputs(raw, meta, device, miner_cfg, generator)
             out = train_step(objectives, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, steps), t_logits)
             pos.step, pos.batch_in_epoch = pos.step + 1, i + 1
             rows.append({k: float(v.detach()) for k, v in out.items()})

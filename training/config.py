@@ -9,8 +9,8 @@ from typing import List, Literal, Optional, Tuple
 from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
-Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer"]
-OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer")
+Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill"]
+OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -130,7 +130,7 @@ class TrainJobConfig:
     init_encoder_from: Optional[str] = option(None, convert=absolute_path,
                                               help="copy only the joint encoder from this EDJE checkpoint")
     teacher_checkpoint: Optional[str] = option(None, flag="--teacher", convert=absolute_path,
-                                               help="frozen teacher EDJE checkpoint (distill objective)")
+                                               help="frozen teacher EDJE checkpoint (distill and route_distill objectives)")
     # Annotation files whose entries carry `grounding` (word index, object centre per grounded word), read by
     # the ground objective; rows are matched by (image id, caption).
     grounding: Tuple[str, ...] = option((), group=RELATIONS_GROUP, nargs="+", cli_default=[], convert=_absolute_all,
@@ -226,6 +226,11 @@ class TrainJobConfig:
             raise ValueError("the ground objective needs grounding annotation files")
         if "distill" in self.objectives and not self.teacher_checkpoint:
             raise ValueError("the distill objective needs teacher_checkpoint")
+        if "route_distill" in self.objectives and not self.teacher_checkpoint:
+            raise ValueError("the route_distill objective needs teacher_checkpoint (the teacher's route inputs)")
+        # An --init checkpoint may carry its own route: the objectives check the built model then.
+        if "route_distill" in self.objectives and not self.init_checkpoint and not self.model.route_layer:
+            raise ValueError("the route_distill objective trains the route's inputs: build the model with route_layer")
         if self.negatives == "miner" and not self.miner_url:
             raise ValueError("negatives='miner' needs miner_url")
         if self.negatives not in ("in-batch", "miner"):

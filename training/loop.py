@@ -35,6 +35,7 @@ from edje.training.objectives import EDJEObjectives, teacher_scores
 from edje.training.sampler import BatchPlanner
 
 OPTIMIZER = "optimizer.pt"
+TeacherRoute = Tuple[torch.Tensor, torch.Tensor]  # the teacher's route inputs [b, R, h] and valid [b, R] on the positives
 
 
 @dataclass
@@ -201,7 +202,8 @@ def train_loop_per_worker(config: dict) -> None:
         pos, opt_state = Position(), None
         model = build_model(cfg.model, meta, cfg.init_checkpoint, cfg.init_encoder_from)
     teacher = None
-    if "distill" in cfg.objectives:
+    route_distill = "route_distill" in cfg.objectives
+    if "distill" in cfg.objectives or route_distill:
         teacher = load_checkpoint(cfg.teacher_checkpoint).to(device).eval().requires_grad_(False)
     weights = {k: float(v) for k, v in cfg.loss_weights}
     groups = None
@@ -273,8 +275,10 @@ def train_loop_per_worker(config: dict) -> None:
         else:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
-            batch, neg, t_logits = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors)
-            out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits)
+            batch, neg, t_logits, t_route = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors,
+                                                        route_distill)
+            out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits,
+                             t_route)
             pos.step += 1
             pos.batch_in_epoch = i + 1
             for k, v in out.items():
@@ -296,26 +300,33 @@ def train_loop_per_worker(config: dict) -> None:
 def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_cfg: MinerConfig,
                 generator: torch.Generator, miner: Optional[MinerNegatives] = None,
                 teacher: Optional[EDJEModel] = None,
-                mirrors: Optional[MirrorLookup] = None) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor]]:
+                mirrors: Optional[MirrorLookup] = None,
+                route: bool = False) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor], Optional[TeacherRoute]]:
     """One step's inputs on the worker's device: the decoded batch (with its images' mirrored copies for the flip
-    square), its hard negatives (the miner service's, or mined in the batch gathered across workers) and the
-    teacher's logits (distillation)."""
+    square), its hard negatives (the miner service's, or mined in the batch gathered across workers), the
+    teacher's logits (distillation) and, with `route`, the teacher's route inputs and their validity on the
+    positive pairs (route distillation), from the same teacher pass."""
     batch = decode_batch(raw, meta)
     if mirrors is not None:
         batch.mirror_tokens, batch.has_mirror = mirrors.get(batch.image_ids)
     batch = _to_device(batch, device)
     neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
     neg.image_tokens = neg.image_tokens.to(device)
-    t_logits = teacher_scores(teacher, batch, neg) if teacher is not None else None
-    return batch, neg, t_logits
+    t_logits = t_route = None
+    if teacher is not None and route:
+        t_logits, t_route = teacher_scores(teacher, batch, neg, route=True)
+    elif teacher is not None:
+        t_logits = teacher_scores(teacher, batch, neg)
+    return batch, neg, t_logits, t_route
 
 
 def train_step(wrapped: torch.nn.Module, objectives: EDJEObjectives, optimizer: torch.optim.Optimizer,
-               batch: TrainBatch, neg: Negatives, lr: float, t_logits: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+               batch: TrainBatch, neg: Negatives, lr: float, t_logits: Optional[torch.Tensor] = None,
+               t_route: Optional[TeacherRoute] = None) -> Dict[str, torch.Tensor]:
     """One optimizer step of the (DDP-wrapped) objectives at learning rate `lr`; returns the loss terms."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    out = wrapped(batch, neg, t_logits)
+    out = wrapped(batch, neg, t_logits, t_route)
     optimizer.zero_grad(set_to_none=True)
     out["loss"].backward()
     torch.nn.utils.clip_grad_norm_(objectives.parameters(), 5.0)

@@ -1,5 +1,5 @@
-"""EDJE losses: ITM over hard negatives (both directions), MLM, text-embedding recovery, distillation, the flip
-square, the pointer's order."""
+"""EDJE losses: ITM over hard negatives (both directions), MLM, text-embedding recovery, distillation (of the ITM
+logits and of the route's inputs), the flip square, the pointer's order."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -51,6 +51,19 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
         raise ValueError(f"distillation expects b + 2bk = {b + 2 * b * k} logits, got {list(student_logits.shape)}")
     bce = F.binary_cross_entropy_with_logits(student_logits, torch.sigmoid(teacher_logits.detach()), reduction="none")
     return (bce[:b].mean() + bce[b:b + b * k].mean() + bce[b + b * k:].mean()) / 3
+
+
+def route_distillation_loss(student: torch.Tensor, teacher: torch.Tensor, student_valid: torch.Tensor,
+                            teacher_valid: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Mean over relation slots valid in both of ||student - teacher||^2 / (||teacher||^2 + eps) of route inputs
+    [B, R, h] (relative, so scale-free); 0, with a graph, when no slot is valid in both."""
+    if student.shape != teacher.shape:
+        raise ValueError(f"student {list(student.shape)} and teacher {list(teacher.shape)} route inputs differ")
+    use = student_valid.bool() & teacher_valid.bool()
+    if not bool(use.any()):
+        return student.sum() * 0.0
+    target = teacher.detach().to(student.dtype)[use]
+    return ((student[use] - target).pow(2).sum(-1) / (target.pow(2).sum(-1) + eps)).mean()
 
 
 def flip_square_loss(caption_image: torch.Tensor, flipped_image: torch.Tensor, flipped_mirror: torch.Tensor,

@@ -7,7 +7,9 @@ pair regresses its object's centre from a middle layer (read from the same forwa
 relation flips: each positive against its own caption with the spatial words reversed, on the same image, weighted
 so that the spatial words alone carry no shortcut (or, with flip_mode "square", the flip square with the image's
 mirrored copy, and weighted vertical flips), and the pointer's
-order loss: each relation's subject and object phrase placed on the image grid in the caption's order.
+order loss: each relation's subject and object phrase placed on the image grid in the caption's order, and route
+distillation: on each positive pair, what the student's route reads (mean subject state - mean object state of each
+relation) regresses the teacher's, whose phrases carry their image positions (the pointer's).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from edje.training.losses import (
     mlm_loss,
     pointer_order_loss,
     recovery_loss,
+    route_distillation_loss,
     weighted_flip_loss,
 )
 from edje.training.masking import PieceGroups
@@ -51,7 +54,7 @@ def pair_layout(batch: TrainBatch, neg: Negatives):
 
 
 class EDJEObjectives(nn.Module):
-    """Wraps EDJEModel; forward(batch, negatives, teacher_logits) -> dict of losses and ITM accuracy."""
+    """Wraps EDJEModel; forward(batch, negatives, teacher_logits, teacher_route) -> dict of losses and ITM accuracy."""
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
@@ -78,11 +81,16 @@ class EDJEObjectives(nn.Module):
             raise ValueError("caption-side flips are weighted by a FlipBalance of the training captions with axis None")
         if "pointer" in self.objectives and not model.encoder.config.pointer:
             raise ValueError("the pointer objective trains the model's pointer: build it with pointer=True")
+        if "route_distill" in self.objectives and not model.encoder.config.route_layer:
+            raise ValueError("the route_distill objective trains the route's inputs: build the model with route_layer")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
-    def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+    def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None,
+                teacher_route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+        """The weighted losses of the objectives; `teacher_route` is the teacher's (route inputs [b, R, h], valid
+        [b, R]) on the positive pairs (route_distill)."""
         texts, b, k = pair_layout(batch, neg)
         adapter, encoder = self.model.adapter, self.model.encoder
         # The adapter runs once per distinct image: positives and the negative images.
@@ -91,12 +99,15 @@ class EDJEObjectives(nn.Module):
         total = pos.new_zeros(())
         # Pairs are scored only when a loss reads the scores: an MLM-only phase (the curriculum's
         # first) would otherwise pay 1 + 2k forwards per row for a logged accuracy.
-        centres = None
+        centres = route = None
         if "itm" in self.objectives or "distill" in self.objectives:
             negi = adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
             pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
             if "ground" in self.objectives:  # the positives lead the pairs: their states come from this forward
                 logits, centres = encoder.score_and_ground(texts, pairs)
+            elif "route_distill" in self.objectives:  # likewise the positives' route inputs
+                logits, inputs, valid = encoder.score_and_route(texts, pairs)
+                route = inputs[:b], valid[:b]
             else:
                 logits = encoder.score(texts, pairs)
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
@@ -136,6 +147,13 @@ class EDJEObjectives(nn.Module):
                 raise ValueError("the distill objective needs teacher logits")
             out["loss_distill"] = distillation_loss(logits, teacher_logits, b, k)
             total = total + self.weights.get("distill", 1.0) * out["loss_distill"]
+        if "route_distill" in self.objectives:
+            if teacher_route is None:
+                raise ValueError("the route_distill objective needs the teacher's route inputs")
+            if route is None:
+                route = encoder.score_and_route(list(batch.captions), pos)[1:]
+            out["loss_route_distill"] = route_distillation_loss(route[0], teacher_route[0], route[1], teacher_route[1])
+            total = total + self.weights.get("route_distill", 1.0) * out["loss_route_distill"]
         out["loss"] = total
         return out
 
@@ -207,9 +225,14 @@ class EDJEObjectives(nn.Module):
 
 
 @torch.no_grad()
-def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives) -> torch.Tensor:
-    """The teacher's ITM logits on the same pairs, in the same order, as EDJEObjectives scores them."""
+def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives, route: bool = False):
+    """The teacher's ITM logits on the same pairs, in the same order, as EDJEObjectives scores them; with `route`,
+    (logits, (route inputs [b, R, h], valid [b, R]) of the b positive pairs), from the same pass."""
     texts, b, k = pair_layout(batch, neg)
     pos = teacher.adapter(batch.tokens)
     negi = teacher.adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
-    return teacher.encoder.score(texts, torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)]))
+    pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
+    if not route:
+        return teacher.encoder.score(texts, pairs)
+    logits, inputs, valid = teacher.encoder.score_and_route(texts, pairs)
+    return logits, (inputs[:b], valid[:b])
