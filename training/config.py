@@ -224,10 +224,9 @@ class TrainJobConfig:
         # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")
-        if "distill" in self.objectives and not self.teacher_checkpoint:
-            raise ValueError("the distill objective needs teacher_checkpoint")
-        if "route_distill" in self.objectives and not self.teacher_checkpoint:
-            raise ValueError("the route_distill objective needs teacher_checkpoint (the teacher's route inputs)")
+        for name in ("distill", "route_distill"):  # both read a frozen teacher's pass
+            if name in self.objectives and not self.teacher_checkpoint:
+                raise ValueError(f"the {name} objective needs teacher_checkpoint")
         # An --init checkpoint may carry its own route: the objectives check the built model then.
         if "route_distill" in self.objectives and not self.init_checkpoint and not self.model.route_layer:
             raise ValueError("the route_distill objective trains the route's inputs: build the model with route_layer")
