@@ -118,7 +118,7 @@ def planted_world(tmp: Path, n: int):
     (bad / "text.jpg").write_bytes(b"<html><body>this is not an image</body></html>")
     (bad / "bomb.png").write_bytes(_png(Image.new("1", (12000, 12000))))  # 144 Mpx > the 89 Mpx limit
     routes = {"/err/500": (500, b"server error", 0.0), "/err/404": (404, b"gone", 0.0),
-              "/slow.jpg": (200, full, 6.0), "/empty.jpg": (200, b"", 0.0)}
+              "/slow.jpg": (200, full, 20.0), "/empty.jpg": (200, b"", 0.0)}
     odd_ids = {"odd_cmyk": "cmyk.jpg", "odd_gray": "gray.jpg", "odd_rgba": "rgba.png", "odd_rgba16": "rgba16.png",
                "odd_gray16": "gray16.png", "odd_exif": "exif.jpg", "odd_palette": "palette.png",
                "odd_unicode": "café ü.jpg"}
@@ -208,8 +208,9 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
         (tmp_path / "urls" / "part-0.tsv").write_bytes(b"".join(lines[:120]))
         with gzip.open(tmp_path / "urls" / "part-1.tsv.gz", "wb") as f:
             f.write(lines[0] + b"".join(lines[120:]))
+        # A 1.5 s timeout let good loopback images time out on a loaded CI machine: 5 s, with the slow route 20 s.
         cfg = EncodeJobConfig(input=str(tmp_path / "urls"), output=out, shard_size=40, batch_size=16,
-                              timeout=1.5, retries=0, address=two_node_cluster.address)
+                              timeout=5.0, retries=0, address=two_node_cluster.address)
         ray.init(address=two_node_cluster.address, log_to_driver=False)
         summary = run_encode_job(cfg)
 
