@@ -28,7 +28,8 @@ def test_teacher_logits_line_up_with_the_students_pairs():
     neg_img = torch.tensor([[10.0 + i, 20.0 + i] for i in range(b)]).view(b, k, 1, 1).expand(b, k, n, d).clone()
     neg = Negatives(neg_img, [["caption 7", "caption 8"] for _ in range(b)])
     teacher = SimpleNamespace(adapter=nn.Identity(), encoder=PairIndexEncoder())
-    logits = teacher_scores(teacher, batch, neg)
+    logits, route = teacher_scores(teacher, batch, neg)
+    assert route is None
     texts, b2, k2 = pair_layout(batch, neg)
     assert (b2, k2) == (b, k) and len(texts) == len(logits) == b + 2 * b * k
     expected = ([100 * i + i for i in range(b)]  # positives

@@ -1,5 +1,6 @@
 """Route-input distillation: the route's inputs read from one pass (after the pointer's addition), the relative
-squared error to the teacher's, its gradient into the student's adapter, and the config's checks."""
+squared error to the teacher's, its gradient into the student's adapter, its mirrored form (the change from an image
+to its mirror), and the config's checks."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,7 @@ from conftest import TINY_BERT
 from edje.model.relation_roles import MAX_RELATIONS
 from edje.schemas.token_table import TableMetadata
 from edje.training.batches import TrainBatch
+from edje.training.caption_rewrites import VERTICAL, FlipBalance
 from edje.training.config import ModelSpec, TrainJobConfig
 from edje.training.losses import route_distillation_loss
 from edje.training.model_init import build_model
@@ -43,11 +45,14 @@ def _encoder_and_images(**relations):
 
 
 def _batch(n: int = 2):
-    """A batch of n relation captions with k = 1 negative per direction."""
+    """A batch of n relation captions (the first horizontal, the second vertical) with k = 1 negative per direction,
+    each image with a mirrored copy (other random tokens: the teacher tells them apart by position)."""
     caps = [CAPTIONS[0], CAPTIONS[2]][:n]
     g = torch.Generator().manual_seed(1)
     tokens = torch.randn(n, META.num_tokens, META.width, generator=g)
-    batch = TrainBatch([f"i{k}" for k in range(n)], caps, tokens, torch.zeros(n, 16), torch.zeros(n, 16))
+    batch = TrainBatch([f"i{k}" for k in range(n)], caps, tokens, torch.zeros(n, 16), torch.zeros(n, 16),
+                       mirror_tokens=torch.randn(n, META.num_tokens, META.width, generator=g),
+                       has_mirror=torch.ones(n, dtype=torch.bool))
     others = [(k + 1) % n for k in range(n)]
     return batch, Negatives(tokens[others][:, None].clone(), [[caps[j]] for j in others])
 
@@ -119,9 +124,9 @@ def test_route_distillation_trains_the_students_adapter(objectives):
     student = _model("compressed", **ROUTE)
     batch, neg = _batch()
     t_logits, t_route = teacher_scores(teacher, batch, neg, route=True)
-    assert torch.equal(t_logits, teacher_scores(teacher, batch, neg))  # the same teacher pass as plain scoring
-    assert t_route[0].shape == (len(batch), MAX_RELATIONS, student.encoder.hidden_size)
-    assert t_route[1][:, 0].all()
+    assert torch.equal(t_logits, teacher_scores(teacher, batch, neg)[0])  # the same teacher pass as plain scoring
+    assert t_route.inputs.shape == (len(batch), MAX_RELATIONS, student.encoder.hidden_size)
+    assert t_route.valid[:, 0].all() and t_route.mirror_inputs is None
     out = EDJEObjectives(student, objectives, {"route_distill": 1.0})(batch, neg, t_logits, t_route)
     loss = out["loss_route_distill"]
     assert loss.item() > 0
@@ -130,6 +135,51 @@ def test_route_distillation_trains_the_students_adapter(objectives):
     assert grads and any(g.abs().sum() > 0 for g in grads)
     with pytest.raises(ValueError, match="route inputs"):
         EDJEObjectives(student, objectives, {})(batch, neg, t_logits)
+
+
+# ---------------------------------------------------------------------------------------- the mirrored form
+SQUARE = dict(flip_mode="square", flip_balance=FlipBalance([CAPTIONS[2], "a yellow heart below a green star"], VERTICAL))
+
+
+def test_mirrored_route_distillation_regresses_the_change_from_image_to_mirror():
+    torch.manual_seed(0)
+    teacher = _model(**POINTER).eval().requires_grad_(False)
+    batch, neg = _batch()
+    t_logits, t_route = teacher_scores(teacher, batch, neg, route=True, mirror=True)
+    # The teacher's own pass on the mirrored images, caption by caption, in the batch's order.
+    with torch.no_grad():
+        _, inputs, valid = teacher.encoder.score_and_route(list(batch.captions), teacher.adapter(batch.mirror_tokens))
+    assert torch.equal(t_route.mirror_inputs, inputs) and torch.equal(t_route.mirror_valid, valid)
+    assert (t_route.inputs - t_route.mirror_inputs)[t_route.valid].abs().max() > 1e-3  # positions move with the image
+    objectives = ("itm", "flip", "distill", "route_mirror")
+    # A student that is the teacher has nothing to learn; only the horizontal row (the square's) is read.
+    copy = EDJEObjectives(_model(**POINTER).eval(), objectives, {}, **SQUARE)
+    copy.model.load_state_dict(teacher.state_dict())
+    assert copy(batch, neg, t_logits, t_route)["loss_route_mirror"].item() == pytest.approx(0.0, abs=1e-10)
+    # A compressed student: the relative error of its own change against the teacher's, on row 0, with a gradient
+    # into its adapter.
+    student = _model("compressed", **ROUTE).eval()  # no dropout: the two passes below are the same as the loss's
+    out = EDJEObjectives(student, objectives, {}, **SQUARE)(batch, neg, t_logits, t_route)
+    with torch.no_grad():
+        s_pos = student.encoder.score_and_route(list(batch.captions[:1]), student.adapter(batch.tokens[:1]))[1]
+        s_mir = student.encoder.score_and_route(list(batch.captions[:1]), student.adapter(batch.mirror_tokens[:1]))[1]
+    expected = route_distillation_loss(s_pos - s_mir, t_route.inputs[:1] - t_route.mirror_inputs[:1],
+                                       t_route.valid[:1], t_route.valid[:1])
+    assert out["loss_route_mirror"].item() == pytest.approx(expected.item(), rel=1e-4) and expected.item() > 0
+    out["loss"].backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.adapter.parameters())
+
+
+def test_mirrored_route_distillation_needs_the_flip_square():
+    with pytest.raises(ValueError, match="flip_mode 'square'"):
+        EDJEObjectives(_model("compressed", **ROUTE), ("itm", "flip", "route_mirror"), {},
+                       flip_balance=FlipBalance(CAPTIONS, axis=None))
+    with pytest.raises(ValueError, match="flip_mode 'square'"):
+        TrainJobConfig(tables=["t"], storage_path="s", name="n", objectives=("itm", "flip", "route_mirror"),
+                       teacher_checkpoint="teacher", model=ModelSpec(**ROUTE))
+    with pytest.raises(ValueError, match="route_mirror objective needs teacher_checkpoint"):
+        TrainJobConfig(tables=["t"], storage_path="s", name="n", objectives=("itm", "flip", "route_mirror"),
+                       flip_mode="square", model=ModelSpec(**ROUTE))
 
 
 # ---------------------------------------------------------------------------------------- the config

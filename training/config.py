@@ -9,8 +9,9 @@ from typing import List, Literal, Optional, Tuple
 from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
-Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill"]
-OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill")
+Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror"]
+OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill",
+                               "route_mirror")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -130,7 +131,7 @@ class TrainJobConfig:
     init_encoder_from: Optional[str] = option(None, convert=absolute_path,
                                               help="copy only the joint encoder from this EDJE checkpoint")
     teacher_checkpoint: Optional[str] = option(None, flag="--teacher", convert=absolute_path,
-                                               help="frozen teacher EDJE checkpoint (distill and route_distill objectives)")
+                                               help="frozen teacher EDJE checkpoint (distill, route_distill and route_mirror objectives)")
     # Annotation files whose entries carry `grounding` (word index, object centre per grounded word), read by
     # the ground objective; rows are matched by (image id, caption).
     grounding: Tuple[str, ...] = option((), group=RELATIONS_GROUP, nargs="+", cli_default=[], convert=_absolute_all,
@@ -224,12 +225,16 @@ class TrainJobConfig:
         # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")
-        for name in ("distill", "route_distill"):  # both read a frozen teacher's pass
+        for name in ("distill", "route_distill", "route_mirror"):  # each reads a frozen teacher's pass
             if name in self.objectives and not self.teacher_checkpoint:
                 raise ValueError(f"the {name} objective needs teacher_checkpoint")
-        # An --init checkpoint may carry its own route: the objectives check the built model then.
-        if "route_distill" in self.objectives and not self.init_checkpoint and not self.model.route_layer:
-            raise ValueError("the route_distill objective trains the route's inputs: build the model with route_layer")
+        for name in ("route_distill", "route_mirror"):
+            # An --init checkpoint may carry its own route: the objectives check the built model then.
+            if name in self.objectives and not self.init_checkpoint and not self.model.route_layer:
+                raise ValueError(f"the {name} objective trains the route's inputs: build the model with route_layer")
+        if "route_mirror" in self.objectives and self.flip_mode != "square":
+            raise ValueError("the route_mirror objective reads the flip square's mirrored images: set flip_mode "
+                             "'square'")
         if self.negatives == "miner" and not self.miner_url:
             raise ValueError("negatives='miner' needs miner_url")
         if self.negatives not in ("in-batch", "miner"):

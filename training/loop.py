@@ -31,11 +31,10 @@ from edje.training.masking import PieceGroups, WordGroups
 from edje.training.mining import MinerConfig
 from edje.training.model_init import build_model
 from edje.training.negatives import MinerNegatives, Negatives, TokenLookup, in_batch_negatives
-from edje.training.objectives import EDJEObjectives, teacher_scores
+from edje.training.objectives import EDJEObjectives, TeacherRoute, teacher_scores
 from edje.training.sampler import BatchPlanner
 
 OPTIMIZER = "optimizer.pt"
-TeacherRoute = Tuple[torch.Tensor, torch.Tensor]  # the teacher's route inputs [b, R, h] and valid [b, R] on the positives
 
 
 @dataclass
@@ -202,8 +201,9 @@ def train_loop_per_worker(config: dict) -> None:
         pos, opt_state = Position(), None
         model = build_model(cfg.model, meta, cfg.init_checkpoint, cfg.init_encoder_from)
     teacher = None
-    route_distill = "route_distill" in cfg.objectives
-    if "distill" in cfg.objectives or route_distill:
+    route_mirror = "route_mirror" in cfg.objectives
+    teacher_route = "route_distill" in cfg.objectives or route_mirror
+    if "distill" in cfg.objectives or teacher_route:
         teacher = load_checkpoint(cfg.teacher_checkpoint).to(device).eval().requires_grad_(False)
     weights = {k: float(v) for k, v in cfg.loss_weights}
     groups = None
@@ -276,7 +276,7 @@ def train_loop_per_worker(config: dict) -> None:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
             batch, neg, t_logits, t_route = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors,
-                                                        route_distill)
+                                                        teacher_route, route_mirror)
             out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits,
                              t_route)
             pos.step += 1
@@ -301,11 +301,12 @@ def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_
                 generator: torch.Generator, miner: Optional[MinerNegatives] = None,
                 teacher: Optional[EDJEModel] = None,
                 mirrors: Optional[MirrorLookup] = None,
-                route: bool = False) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor], Optional[TeacherRoute]]:
+                route: bool = False,
+                mirror_route: bool = False) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor], Optional[TeacherRoute]]:
     """One step's inputs on the worker's device: the decoded batch (with its images' mirrored copies for the flip
     square), its hard negatives (the miner service's, or mined in the batch gathered across workers), the
-    teacher's logits (distillation) and, with `route`, the teacher's route inputs and their validity on the
-    positive pairs (route distillation), from the same teacher pass."""
+    teacher's logits (distillation) and, with `route`, the teacher's route inputs on the positive pairs from the
+    same teacher pass (route distillation; `mirror_route` adds them on the mirrored images)."""
     batch = decode_batch(raw, meta)
     if mirrors is not None:
         batch.mirror_tokens, batch.has_mirror = mirrors.get(batch.image_ids)
@@ -313,10 +314,8 @@ def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_
     neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
     neg.image_tokens = neg.image_tokens.to(device)
     t_logits = t_route = None
-    if teacher is not None and route:
-        t_logits, t_route = teacher_scores(teacher, batch, neg, route=True)
-    elif teacher is not None:
-        t_logits = teacher_scores(teacher, batch, neg)
+    if teacher is not None:
+        t_logits, t_route = teacher_scores(teacher, batch, neg, route=route, mirror=mirror_route)
     return batch, neg, t_logits, t_route
 
 

@@ -9,10 +9,13 @@ so that the spatial words alone carry no shortcut (or, with flip_mode "square", 
 mirrored copy, and weighted vertical flips), and the pointer's
 order loss: each relation's subject and object phrase placed on the image grid in the caption's order, and route
 distillation: on each positive pair, what the student's route reads (mean subject state - mean object state of each
-relation) regresses the teacher's, whose phrases carry their image positions (the pointer's).
+relation) regresses the teacher's, whose phrases carry their image positions (the pointer's), and mirrored route
+distillation: on the flip square's rows, how the student's route input changes from the image to its mirror regresses
+how the teacher's does (what a phrase's image position adds, with what the phrase says cancelled out).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,6 +47,17 @@ from edje.training.losses import (
 )
 from edje.training.masking import PieceGroups
 from edje.training.negatives import Negatives
+
+
+@dataclass
+class TeacherRoute:
+    """The teacher's route inputs [b, R, h] and their validity [b, R] on the b positive pairs and, for mirrored route
+    distillation, on (mirrored image, caption) of the same rows."""
+
+    inputs: torch.Tensor
+    valid: torch.Tensor
+    mirror_inputs: Optional[torch.Tensor] = None
+    mirror_valid: Optional[torch.Tensor] = None
 
 
 def pair_layout(batch: TrainBatch, neg: Negatives):
@@ -81,16 +95,20 @@ class EDJEObjectives(nn.Module):
             raise ValueError("caption-side flips are weighted by a FlipBalance of the training captions with axis None")
         if "pointer" in self.objectives and not model.encoder.config.pointer:
             raise ValueError("the pointer objective trains the model's pointer: build it with pointer=True")
-        if "route_distill" in self.objectives and not model.encoder.config.route_layer:
-            raise ValueError("the route_distill objective trains the route's inputs: build the model with route_layer")
+        for name in ("route_distill", "route_mirror"):
+            if name in self.objectives and not model.encoder.config.route_layer:
+                raise ValueError(f"the {name} objective trains the route's inputs: build the model with route_layer")
+        if "route_mirror" in self.objectives and not ("flip" in self.objectives and flip_mode == "square"):
+            raise ValueError("the route_mirror objective reads the flip square's mirrored images: add the flip "
+                             "objective with flip_mode 'square'")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
     def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None,
-                teacher_route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
-        """The weighted losses of the objectives; `teacher_route` is the teacher's (route inputs [b, R, h], valid
-        [b, R]) on the positive pairs (route_distill)."""
+                teacher_route: Optional[TeacherRoute] = None) -> Dict[str, torch.Tensor]:
+        """The weighted losses of the objectives; `teacher_route` is the teacher's route inputs (route_distill,
+        route_mirror)."""
         texts, b, k = pair_layout(batch, neg)
         adapter, encoder = self.model.adapter, self.model.encoder
         # The adapter runs once per distinct image: positives and the negative images.
@@ -100,12 +118,15 @@ class EDJEObjectives(nn.Module):
         # Pairs are scored only when a loss reads the scores: an MLM-only phase (the curriculum's
         # first) would otherwise pay 1 + 2k forwards per row for a logged accuracy.
         centres = route = None
+        wants_route = "route_distill" in self.objectives or "route_mirror" in self.objectives
+        if wants_route and teacher_route is None:
+            raise ValueError("the route_distill and route_mirror objectives need the teacher's route inputs")
         if "itm" in self.objectives or "distill" in self.objectives:
             negi = adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
             pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
             if "ground" in self.objectives:  # the positives lead the pairs: their states come from this forward
                 logits, centres = encoder.score_and_ground(texts, pairs)
-            elif "route_distill" in self.objectives:  # likewise the positives' route inputs
+            elif wants_route:  # likewise the positives' route inputs
                 logits, inputs, valid = encoder.score_and_route(texts, pairs)
                 route = inputs[:b], valid[:b]
             else:
@@ -113,9 +134,11 @@ class EDJEObjectives(nn.Module):
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
         if "flip" in self.objectives:
-            out.update(self._flip_square(batch, pos, pos_l) if self.flip_mode == "square" else
+            out.update(self._flip_square(batch, pos, pos_l, route, teacher_route) if self.flip_mode == "square" else
                        self._flip_caption(batch, pos, pos_l))
             total = total + self.weights.get("flip", 1.0) * out["loss_flip"]
+            if "route_mirror" in self.objectives:
+                total = total + self.weights.get("route_mirror", 1.0) * out["loss_route_mirror"]
         if "pointer" in self.objectives:
             xy, valid, orders = encoder.pointer_readout(list(batch.captions), pos)
             out["loss_pointer"], in_order = pointer_order_loss(xy, valid, orders, self.pointer_k)
@@ -148,11 +171,10 @@ class EDJEObjectives(nn.Module):
             out["loss_distill"] = distillation_loss(logits, teacher_logits, b, k)
             total = total + self.weights.get("distill", 1.0) * out["loss_distill"]
         if "route_distill" in self.objectives:
-            if teacher_route is None:
-                raise ValueError("the route_distill objective needs the teacher's route inputs")
             if route is None:
                 route = encoder.score_and_route(list(batch.captions), pos)[1:]
-            out["loss_route_distill"] = route_distillation_loss(route[0], teacher_route[0], route[1], teacher_route[1])
+            out["loss_route_distill"] = route_distillation_loss(route[0], teacher_route.inputs, route[1],
+                                                                teacher_route.valid)
             total = total + self.weights.get("route_distill", 1.0) * out["loss_route_distill"]
         out["loss"] = total
         return out
@@ -169,22 +191,35 @@ class EDJEObjectives(nn.Module):
         return {"loss_flip": weighted_flip_loss(pos_l[rows], flip_l, w),
                 "flip_acc": (pos_l[rows] > flip_l).float().mean().detach()}
 
-    def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
+                     route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                     teacher_route: Optional[TeacherRoute] = None) -> Dict[str, torch.Tensor]:
         """The flip square on horizontal captions whose image has a mirrored copy, and weighted caption-side flips
-        on vertical ones; every extra pair scored in one pass."""
+        on vertical ones; every extra pair scored in one pass. With route_mirror, the same pass gives the route
+        inputs of (mirror I, c), and `route` holds the positives' (inputs, valid)."""
         caps = list(batch.captions)
         has_mirror = batch.has_mirror.tolist() if batch.has_mirror is not None else [False] * len(caps)
         square = [i for i, c in enumerate(caps) if has_mirror[i] and HORIZONTAL in caption_axes(c)]
         weight = [self.flip_balance.weight(c) for c in caps]
         vertical = [i for i in range(len(caps)) if weight[i] > 0]
+        mirrored_route = "route_mirror" in self.objectives
+        out: Dict[str, torch.Tensor] = {"loss_route_mirror": pos.sum() * 0} if mirrored_route else {}
         if not square and not vertical:
-            return {"loss_flip": pos.sum() * 0}
+            return {**out, "loss_flip": pos.sum() * 0}
         mirror = self.model.adapter(batch.mirror_tokens[square]) if square else pos[:0]
         flipped = [flip_axis(caps[i], HORIZONTAL) for i in square]
         texts = flipped + flipped + [caps[i] for i in square] + [flip_axis(caps[i], VERTICAL) for i in vertical]
-        logits = self.model.encoder.score(texts, torch.cat([pos[square], mirror, mirror, pos[vertical]]))
+        images = torch.cat([pos[square], mirror, mirror, pos[vertical]])
         r = len(square)
-        out, wins, loss = {}, [], pos.new_zeros(())
+        if mirrored_route and square:
+            logits, inputs, valid = self.model.encoder.score_and_route(texts, images)
+            rows = torch.tensor(square, device=pos.device)
+            out["loss_route_mirror"] = route_distillation_loss(
+                route[0][rows] - inputs[2 * r:3 * r], teacher_route.inputs[rows] - teacher_route.mirror_inputs[rows],
+                route[1][rows] & valid[2 * r:3 * r], teacher_route.valid[rows] & teacher_route.mirror_valid[rows])
+        else:
+            logits = self.model.encoder.score(texts, images)
+        wins, loss = [], pos.new_zeros(())
         if square:  # scored above: (I, flip c), (mirror I, flip c), (mirror I, c); (I, c) is the positive
             out["loss_flip_square"], won = flip_square_loss(pos_l[square], logits[:r], logits[r:2 * r],
                                                             logits[2 * r:3 * r])
@@ -225,14 +260,22 @@ class EDJEObjectives(nn.Module):
 
 
 @torch.no_grad()
-def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives, route: bool = False):
-    """The teacher's ITM logits on the same pairs, in the same order, as EDJEObjectives scores them; with `route`,
-    (logits, (route inputs [b, R, h], valid [b, R]) of the b positive pairs), from the same pass."""
+def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives, route: bool = False,
+                   mirror: bool = False) -> Tuple[torch.Tensor, Optional[TeacherRoute]]:
+    """(The teacher's ITM logits on the same pairs, in the same order, as EDJEObjectives scores them, its route
+    inputs on the positive pairs from the same pass when `route`, else None); `mirror` adds the route inputs of
+    (mirrored image, caption) for every row (zeros where a row has no mirror)."""
     texts, b, k = pair_layout(batch, neg)
     pos = teacher.adapter(batch.tokens)
     negi = teacher.adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
     pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
     if not route:
-        return teacher.encoder.score(texts, pairs)
+        return teacher.encoder.score(texts, pairs), None
     logits, inputs, valid = teacher.encoder.score_and_route(texts, pairs)
-    return logits, (inputs[:b], valid[:b])
+    out = TeacherRoute(inputs[:b], valid[:b])
+    if mirror:
+        if batch.mirror_tokens is None:
+            raise ValueError("the teacher's mirrored route inputs need the batch's mirrored images")
+        _, out.mirror_inputs, out.mirror_valid = teacher.encoder.score_and_route(
+            list(batch.captions), teacher.adapter(batch.mirror_tokens))
+    return logits, out
