@@ -168,6 +168,8 @@ def test_mirrored_route_distillation_regresses_the_change_from_image_to_mirror()
     assert out["loss_route_mirror"].item() == pytest.approx(expected.item(), rel=1e-4) and expected.item() > 0
     out["loss"].backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.adapter.parameters())
+    with pytest.raises(ValueError, match="mirrored images"):
+        EDJEObjectives(student, objectives, {}, **SQUARE)(batch, neg, *teacher_scores(teacher, batch, neg, route=True))
 
 
 def test_mirrored_route_distillation_needs_the_flip_square():

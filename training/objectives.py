@@ -121,6 +121,8 @@ class EDJEObjectives(nn.Module):
         wants_route = "route_distill" in self.objectives or "route_mirror" in self.objectives
         if wants_route and teacher_route is None:
             raise ValueError("the route_distill and route_mirror objectives need the teacher's route inputs")
+        if "route_mirror" in self.objectives and teacher_route.mirror_inputs is None:
+            raise ValueError("the route_mirror objective needs the teacher's route inputs on the mirrored images")
         if "itm" in self.objectives or "distill" in self.objectives:
             negi = adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
             pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
