@@ -9,9 +9,10 @@ from typing import List, Literal, Optional, Tuple
 from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
-Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror"]
+Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror",
+                    "word_align"]
 OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill",
-                               "route_mirror")
+                               "route_mirror", "word_align")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -156,6 +157,8 @@ class TrainJobConfig:
         "training images' mirrored copies (--flip-mode square; default: the training tables)")
     pointer_k: float = option(10.0, help="sharpness of the pointer objective's order loss softplus(k * signed "
                               "difference)")
+    align_temperature: float = option(0.05, help="temperature of the word_align objective's in-batch cross-entropy over "
+                                      "the mean best cosine of a caption's content words to an image's tokens")
     # Each --loss-weight OBJECTIVE WEIGHT replaces one of these (LOSS_WEIGHTS).
     loss_weights: Tuple[Tuple[str, float], ...] = option(
         LOSS_WEIGHTS, flag="--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), cli_default=[],
@@ -235,6 +238,8 @@ class TrainJobConfig:
         if "route_mirror" in self.objectives and self.flip_mode != "square":
             raise ValueError("the route_mirror objective reads the flip square's mirrored images: set flip_mode "
                              "'square'")
+        if not self.align_temperature > 0:
+            raise ValueError(f"align_temperature must be > 0, got {self.align_temperature}")
         if self.negatives == "miner" and not self.miner_url:
             raise ValueError("negatives='miner' needs miner_url")
         if self.negatives not in ("in-batch", "miner"):

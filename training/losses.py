@@ -1,5 +1,5 @@
 """EDJE losses: ITM over hard negatives (both directions), MLM, text-embedding recovery, distillation (of the ITM
-logits and of the route's inputs), the flip square, the pointer's order."""
+logits and of the route's inputs), the flip square, the pointer's order, word-to-image-token alignment."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -94,3 +94,28 @@ def pointer_order_loss(xy: torch.Tensor, valid: torch.Tensor, orders: torch.Tens
     if not bool(use.any()):
         return xy.sum() * 0.0, None
     return F.softplus(k * signed[use]).mean(), (signed[use] < 0).float().mean()
+
+
+def word_alignment_loss(word_vecs: torch.Tensor, word_valid: torch.Tensor, image_tokens: torch.Tensor,
+                        same_image: torch.Tensor, tau: float) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Symmetric cross-entropy of S / tau with S[i, j] = mean over caption i's valid words w (word_vecs [B, W, h],
+    word_valid [B, W]) of max over image j's tokens t (image_tokens [B, n, h]) of cos(e_w, v_jt), rows of one image
+    (same_image [B, B]) no negatives of each other; returns (loss, share of captions whose own image has the top S),
+    (0, None) when no caption has a word."""
+    # Captions without a word are neither rows nor (text side) candidates; every image stays a candidate.
+    keep = word_valid.any(1)
+    if not bool(keep.any()):
+        return word_vecs.sum() * 0.0 + image_tokens.sum() * 0.0, None
+    words, tokens = F.normalize(word_vecs, dim=-1), F.normalize(image_tokens.to(word_vecs.dtype), dim=-1)
+    best = torch.einsum("iwh,jth->iwjt", words, tokens).amax(-1)  # [B, W, B]: each word's best token in each image
+    valid = word_valid.to(best.dtype)
+    sim = (best * valid[..., None]).sum(1) / valid.sum(1).clamp_min(1)[:, None]  # [B, B]
+    b = sim.shape[0]
+    own = torch.eye(b, dtype=torch.bool, device=sim.device)
+    # Another row's image that is this row's own image is no negative: it leaves the softmax in both directions.
+    logits = (sim / tau).masked_fill(same_image.to(sim.device) & ~own, float("-inf"))
+    rows = keep.nonzero().squeeze(1)
+    t2i = F.cross_entropy(logits[rows], rows)
+    i2t = F.cross_entropy(logits[rows][:, rows].T, torch.arange(len(rows), device=sim.device))
+    acc = (logits[rows].argmax(1) == rows).float().mean()
+    return (t2i + i2t) / 2, acc.detach()

@@ -11,7 +11,9 @@ order loss: each relation's subject and object phrase placed on the image grid i
 distillation: on each positive pair, what the student's route reads (mean subject state - mean object state of each
 relation) regresses the teacher's, whose phrases carry their image positions (the pointer's), and mirrored route
 distillation: on the flip square's rows, how the student's route input changes from the image to its mirror regresses
-how the teacher's does (what a phrase's image position adds, with what the phrase says cancelled out).
+how the teacher's does (what a phrase's image position adds, with what the phrase says cancelled out), and word
+alignment: each content word of each caption (its wordpieces' mean input embedding) finds its best adapter token in
+every image of the batch, and their mean cosine picks the caption's own image and back (FILIP's fine-grained loss).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from edje.training.losses import (
     recovery_loss,
     route_distillation_loss,
     weighted_flip_loss,
+    word_alignment_loss,
 )
 from edje.training.masking import PieceGroups
 from edje.training.negatives import Negatives
@@ -73,7 +76,7 @@ class EDJEObjectives(nn.Module):
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
                  flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None,
-                 pointer_k: float = 10.0):
+                 pointer_k: float = 10.0, align_temperature: float = 0.05):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -102,6 +105,9 @@ class EDJEObjectives(nn.Module):
             raise ValueError("the route_mirror objective reads the flip square's mirrored images: add the flip "
                              "objective with flip_mode 'square'")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
+        # Word alignment reads every content word, whatever the MLM policy masks.
+        self.align_words = ContentWords(model.encoder.tokenizer) if "word_align" in self.objectives else None
+        self.align_temperature = align_temperature
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
@@ -178,6 +184,13 @@ class EDJEObjectives(nn.Module):
             out["loss_route_distill"] = route_distillation_loss(route[0], teacher_route.inputs, route[1],
                                                                 teacher_route.valid)
             total = total + self.weights.get("route_distill", 1.0) * out["loss_route_distill"]
+        if "word_align" in self.objectives:
+            word_vecs, word_valid = self._content_word_vectors(batch.captions, pos.shape[1], pos.device)
+            out["loss_word_align"], acc = word_alignment_loss(word_vecs, word_valid, pos, same_image(batch.image_ids),
+                                                              self.align_temperature)
+            if acc is not None:
+                out["word_align_acc"] = acc
+            total = total + self.weights.get("word_align", 1.0) * out["loss_word_align"]
         out["loss"] = total
         return out
 
@@ -234,6 +247,19 @@ class EDJEObjectives(nn.Module):
         out["flip_acc"] = torch.cat(wins).float().mean().detach()
         return out
 
+    def _content_word_vectors(self, captions: Sequence[str], num_image_tokens: int,
+                              device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Each caption's content words, each the mean of its wordpieces' input-embedding rows [B, W, h] (the encoder's
+        own tokenisation), and which of the W slots are words [B, W]."""
+        pairs = self.model.encoder.tokenize_pairs(list(captions), num_image_tokens)
+        slots = content_word_slots(self.align_words, pairs.input_ids, pairs.text_mask)
+        embedding = self.model.encoder.bert.get_input_embeddings()
+        # One-hot of each caption position's word slot; slot -1 (no content word) falls in column 0, dropped.
+        pieces = F.one_hot(slots + 1, int(slots.max()) + 2)[..., 1:].to(device, embedding.weight.dtype)
+        emb = embedding(pairs.input_ids.to(device))  # word rows alone: no position or token type embedding
+        count = pieces.sum(1)
+        return torch.einsum("btw,bth->bwh", pieces, emb) / count.clamp_min(1)[..., None], count > 0
+
     def _ground_loss(self, batch: TrainBatch, centres: torch.Tensor) -> torch.Tensor:
         """Mean squared error (x10, centred coordinates) of grounded words' predicted object centres; 0 without any."""
         rows, cols, targets = [], [], []
@@ -259,6 +285,23 @@ class EDJEObjectives(nn.Module):
                 keep = words < len(starts)
                 self._positions[key] = [starts[w] for w in words[keep]], rows[keep, 1:]
         return self._positions[key]
+
+
+def content_word_slots(words: ContentWords, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] the slot (0, 1, ... in caption order) of the content word each caption position belongs to; -1 elsewhere."""
+    word, start = words.content_words(input_ids, text_mask)
+    rank = torch.cumsum(start.long(), 1) - 1
+    # A word's index (word, 1..) to its slot, read back at every piece of the word.
+    slot_of_word = torch.full((word.shape[0], word.shape[1] + 1), -1, dtype=torch.long)
+    slot_of_word.scatter_(1, torch.where(start, word, 0), torch.where(start, rank, -1))
+    return slot_of_word.gather(1, word)  # word 0, outside the caption, reads -1
+
+
+def same_image(image_ids: Sequence[str]) -> torch.Tensor:
+    """[B, B] bool: rows i and j show the same image."""
+    _, inverse = np.unique(np.asarray(image_ids), return_inverse=True)
+    inverse = torch.from_numpy(inverse.reshape(-1))
+    return inverse[:, None] == inverse[None, :]
 
 
 @torch.no_grad()
