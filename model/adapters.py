@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from edje.model.pointer import cell_centres
 from edje.schemas.config import AdapterConfig
 
 
@@ -58,7 +59,8 @@ class LocalAdapter(nn.Module):
 
 class CompressionAdapter(nn.Module):
     """EDJE token compression: m learnable queries attend over K = X W_K, V = X W_V;
-    O = H + MLP(LayerNorm(H)); Y = O W_proj (into the language model's width)."""
+    O = H + MLP(LayerNorm(H)); Y = O W_proj (into the language model's width), plus, with position_out_std > 0,
+    W_xy x_hat: x_hat the centred grid cell centre each query's attention (mean over heads) expects."""
 
     def __init__(self, cfg: AdapterConfig):
         super().__init__()
@@ -72,15 +74,24 @@ class CompressionAdapter(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, d))
         self.projection = nn.Linear(d, cfg.output_dim)
         self.position = GridPosition(d, cfg.position_gain) if cfg.position == "2d" else None
+        self.position_out = None
+        if cfg.position_out_std > 0:
+            self.position_out = nn.Linear(2, cfg.output_dim, bias=False)
+            nn.init.normal_(self.position_out.weight, std=cfg.position_out_std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = check_tokens(tokens, self.config.input_dim)
         if self.position is not None:
             x = self.position(x)
         query = self.query.expand(x.shape[0], -1, -1)
-        h = self.attention(query, self.key(x), self.value(x), need_weights=False)[0]
+        want = self.position_out is not None
+        h, weights = self.attention(query, self.key(x), self.value(x), need_weights=want, average_attn_weights=True)
         o = h + self.mlp(self.layernorm(h))
-        return self.projection(o)
+        y = self.projection(o)
+        if want:
+            centred = (cell_centres(x.shape[1]) - 0.5).to(weights.device, weights.dtype)
+            y = y + self.position_out(weights @ centred)
+        return y
 
 
 def build_adapter(cfg: AdapterConfig) -> nn.Module:

@@ -60,12 +60,20 @@ class AdapterConfig:
     # Initial gain of the 2-D table (unit norm per cell); backbone tokens are ~17 long, so at 1 the table is a
     # whisper a fresh adapter takes long to hear. Learned from there; only the start is set here.
     position_gain: float = 1.0
+    # Compressed only: each output token also carries a linear map of the expected grid cell centre that its query
+    # attends to, started at this std (0: none). Queries that pool content have near-uniform attention and tokens
+    # that barely change when the image is mirrored; this term gives where a query looked a first-order path to
+    # the encoder, from the start.
+    position_out_std: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "compressed"):
             raise ValueError(f"adapter kind must be 'local' or 'compressed', got {self.kind!r}")
         if self.position not in ("none", "2d"):
             raise ValueError(f"adapter position must be 'none' or '2d', got {self.position!r}")
+        if self.position_out_std < 0 or (self.position_out_std > 0 and self.kind != "compressed"):
+            raise ValueError(f"position_out_std must be >= 0, and > 0 only for a compressed adapter, got "
+                             f"{self.position_out_std} for {self.kind!r}")
         if self.kind == "compressed" and self.input_dim % self.num_heads:
             raise ValueError(f"input_dim {self.input_dim} is not divisible by num_heads {self.num_heads}")
 

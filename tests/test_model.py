@@ -32,6 +32,29 @@ def test_local_adapter_is_a_per_token_mlp_with_8192_hidden_by_default():
     assert torch.allclose(ad(x[:, perm]), out[:, perm], atol=1e-5)
 
 
+def test_compressed_tokens_carry_where_their_queries_look():
+    """position_out_std > 0: each token gains W_xy x_hat, x_hat the centred cell centre of its head-averaged
+    attention; a mirrored grid moves x_hat's x and leaves its y."""
+    torch.manual_seed(0)
+    cfg = AdapterConfig(kind="compressed", input_dim=32, output_dim=16, hidden_dim=32, num_queries=3, num_heads=4)
+    plain = CompressionAdapter(cfg)
+    carry = CompressionAdapter(AdapterConfig(**{**cfg.__dict__, "position_out_std": 1.0}))
+    missing, unexpected = carry.load_state_dict(plain.state_dict(), strict=False)
+    assert missing == ["position_out.weight"] and not unexpected
+    tokens = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        _, weights = plain.attention(plain.query.expand(2, -1, -1), plain.key(tokens), plain.value(tokens))
+        xy = weights @ torch.stack([(torch.arange(16) % 4 + 0.5) / 4, (torch.arange(16) // 4 + 0.5) / 4], 1).sub(0.5)
+        assert torch.allclose(carry(tokens), plain(tokens) + xy @ carry.position_out.weight.T, atol=1e-5)
+        mirrored = tokens.view(2, 4, 4, 32).flip(2).reshape(2, 16, 32)
+        _, w2 = plain.attention(plain.query.expand(2, -1, -1), plain.key(mirrored), plain.value(mirrored))
+    # Attention over the mirrored grid is the same weights, mirrored: x_hat's x flips sign, y stays.
+    xy2 = w2 @ torch.stack([(torch.arange(16) % 4 + 0.5) / 4, (torch.arange(16) // 4 + 0.5) / 4], 1).sub(0.5)
+    assert torch.allclose(xy2[..., 0], -xy[..., 0], atol=1e-5) and torch.allclose(xy2[..., 1], xy[..., 1], atol=1e-5)
+    with pytest.raises(ValueError, match="position_out_std"):
+        AdapterConfig(kind="local", input_dim=32, output_dim=16, position_out_std=1.0)
+
+
 def test_adapters_reject_wrong_shapes():
     ad = CompressionAdapter(AdapterConfig(kind="compressed", input_dim=128, output_dim=64, hidden_dim=32, num_queries=4, num_heads=4))
     with pytest.raises(ValueError, match=r"\[B, n, 128\], got \[2, 65, 96\]"):

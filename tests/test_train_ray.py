@@ -286,13 +286,15 @@ def test_flip_square_and_pointer_reach_the_worker(pipeline_tables, tmp_path, ray
     assert training["flip_mode"] == "square" and "pointer" in training["objectives"]
     # Its compressed student (no grid, so no pointer) regresses the teacher's route inputs, and how they change on
     # the mirrored image, in the same worker loop.
-    _, student_rows = _train("pretrain.py", tmp_path / "mirror" / "tables", tmp_path, "student",
-                             ray_local.get_runtime_context().gcs_address,
-                             "--init-encoder-from", str(export), "--teacher", str(export), "--adapter", "compressed",
-                             "--num-queries", "8", "--objectives", "itm", "flip", "distill", "route_distill",
-                             "route_mirror", "--flip-mode", "square", "--relation-roles", "--role-parse", "english",
-                             "--route-layer", "1", "--image-positions", "fixed")
+    student, student_rows = _train("pretrain.py", tmp_path / "mirror" / "tables", tmp_path, "student",
+                                   ray_local.get_runtime_context().gcs_address,
+                                   "--init-encoder-from", str(export), "--teacher", str(export), "--adapter",
+                                   "compressed", "--num-queries", "8", "--adapter-position-out", "1.0",
+                                   "--objectives", "itm", "flip", "distill", "route_distill", "route_mirror",
+                                   "--flip-mode", "square", "--relation-roles", "--role-parse", "english",
+                                   "--route-layer", "1", "--image-positions", "fixed")
     terms = ("loss_route_distill", "loss_route_mirror", "loss_distill")
     assert all(math.isfinite(r[t]) for r in student_rows for t in terms), student_rows
     assert any(r["loss_route_distill"] > 0 for r in student_rows), student_rows
     assert any(r["loss_route_mirror"] > 0 for r in student_rows), student_rows
+    assert load_checkpoint(str(student)).adapter.position_out is not None  # its tokens carry where its queries look

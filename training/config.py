@@ -70,6 +70,10 @@ class ModelSpec:
     adapter_position: Literal["none", "2d"] = option(
         "none", group=MODEL_GROUP, help="2d: add a fixed sine-cosine (row, column) embedding to the backbone's square "
         "token grid (also added to an --init checkpoint's adapter)")
+    # AdapterConfig.position_out_std
+    adapter_position_out: float = option(0.0, group=MODEL_GROUP, help="compressed: each token also carries a linear "
+                                         "map, started at this std, of the grid cell centre its query attends to "
+                                         "(0: none; needs a square token grid)")
     # AdapterConfig.position_gain: the 2-D table's initial gain
     adapter_position_gain: float = option(1.0, group=MODEL_GROUP, help="initial gain of the 2-D table (unit norm per "
                                           "cell; backbone tokens are ~17 long)")
