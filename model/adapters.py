@@ -78,6 +78,7 @@ class CompressionAdapter(nn.Module):
         if cfg.position_out_std > 0:
             self.position_out = nn.Linear(2, cfg.output_dim, bias=False)
             nn.init.normal_(self.position_out.weight, std=cfg.position_out_std)
+        self.cell_decoder = CellDecoder(cfg.output_dim, cfg.recover_cells) if cfg.recover_cells > 0 else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = check_tokens(tokens, self.config.input_dim)
@@ -92,6 +93,27 @@ class CompressionAdapter(nn.Module):
             centred = (cell_centres(x.shape[1]) - 0.5).to(weights.device, weights.dtype)
             y = y + self.position_out(weights @ centred)
         return y
+
+
+    def recover_cells(self, compressed: torch.Tensor) -> torch.Tensor:
+        """The cell decoder's rebuild [B, cells, d_lm] of a local adapter's tokens from this adapter's output."""
+        if self.cell_decoder is None:
+            raise ValueError("this adapter has no cell decoder (recover_cells=0)")
+        return self.cell_decoder(compressed)
+
+
+class CellDecoder(nn.Module):
+    """Learned cell queries attend over the compressed tokens; a linear map gives each cell's token."""
+
+    def __init__(self, width: int, cells: int, heads: int = 4):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(1, cells, width))
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, compressed: torch.Tensor) -> torch.Tensor:
+        query = self.query.expand(compressed.shape[0], -1, -1)
+        return self.out(self.attention(query, compressed, compressed, need_weights=False)[0])
 
 
 def build_adapter(cfg: AdapterConfig) -> nn.Module:

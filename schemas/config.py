@@ -65,6 +65,9 @@ class AdapterConfig:
     # that barely change when the image is mirrored; this term gives where a query looked a first-order path to
     # the encoder, from the start.
     position_out_std: float = 0.0
+    # Compressed only: a training head (learned cell queries over the compressed tokens) that rebuilds this many cells
+    # of a local teacher's tokens, so the tokens must keep what is where (0: none). Scoring never runs it.
+    recover_cells: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "compressed"):
@@ -74,6 +77,9 @@ class AdapterConfig:
         if self.position_out_std < 0 or (self.position_out_std > 0 and self.kind != "compressed"):
             raise ValueError(f"position_out_std must be >= 0, and > 0 only for a compressed adapter, got "
                              f"{self.position_out_std} for {self.kind!r}")
+        if self.recover_cells < 0 or (self.recover_cells > 0 and self.kind != "compressed"):
+            raise ValueError(f"recover_cells must be >= 0, and > 0 only for a compressed adapter, got "
+                             f"{self.recover_cells} for {self.kind!r}")
         if self.kind == "compressed" and self.input_dim % self.num_heads:
             raise ValueError(f"input_dim {self.input_dim} is not divisible by num_heads {self.num_heads}")
 

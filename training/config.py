@@ -10,9 +10,9 @@ from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
 Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror",
-                    "word_align"]
+                    "word_align", "cell_recovery"]
 OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill",
-                               "route_mirror", "word_align")
+                               "route_mirror", "word_align", "cell_recovery")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")
@@ -74,6 +74,10 @@ class ModelSpec:
     adapter_position_out: float = option(0.0, group=MODEL_GROUP, help="compressed: each token also carries a linear "
                                          "map, started at this std, of the grid cell centre its query attends to "
                                          "(0: none; needs a square token grid)")
+    # AdapterConfig.recover_cells
+    adapter_recover_cells: int = option(0, group=MODEL_GROUP, help="compressed: a training head that rebuilds this "
+                                        "many cells of a local teacher's tokens from the compressed ones (the "
+                                        "cell_recovery objective; 0: none)")
     # AdapterConfig.position_gain: the 2-D table's initial gain
     adapter_position_gain: float = option(1.0, group=MODEL_GROUP, help="initial gain of the 2-D table (unit norm per "
                                           "cell; backbone tokens are ~17 long)")
@@ -232,7 +236,7 @@ class TrainJobConfig:
         # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")
-        for name in ("distill", "route_distill", "route_mirror"):  # each reads a frozen teacher's pass
+        for name in ("distill", "route_distill", "route_mirror", "cell_recovery"):  # each reads a frozen teacher's pass
             if name in self.objectives and not self.teacher_checkpoint:
                 raise ValueError(f"the {name} objective needs teacher_checkpoint")
         for name in ("route_distill", "route_mirror"):

@@ -31,7 +31,7 @@ from edje.training.masking import PieceGroups, WordGroups
 from edje.training.mining import MinerConfig
 from edje.training.model_init import build_model
 from edje.training.negatives import MinerNegatives, Negatives, TokenLookup, in_batch_negatives
-from edje.training.objectives import EDJEObjectives, TeacherRoute, teacher_scores
+from edje.training.objectives import EDJEObjectives, TeacherPass, teacher_scores
 from edje.training.sampler import BatchPlanner
 
 OPTIMIZER = "optimizer.pt"
@@ -203,7 +203,8 @@ def train_loop_per_worker(config: dict) -> None:
     teacher = None
     route_mirror = "route_mirror" in cfg.objectives
     teacher_route = "route_distill" in cfg.objectives or route_mirror
-    if "distill" in cfg.objectives or teacher_route:
+    teacher_cells = "cell_recovery" in cfg.objectives
+    if "distill" in cfg.objectives or teacher_route or teacher_cells:
         teacher = load_checkpoint(cfg.teacher_checkpoint).to(device).eval().requires_grad_(False)
     weights = {k: float(v) for k, v in cfg.loss_weights}
     groups = None
@@ -276,7 +277,7 @@ def train_loop_per_worker(config: dict) -> None:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
             batch, neg, t_logits, t_route = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors,
-                                                        teacher_route, route_mirror)
+                                                        teacher_route, route_mirror, teacher_cells)
             out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits,
                              t_route)
             pos.step += 1
@@ -302,11 +303,13 @@ def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_
                 teacher: Optional[EDJEModel] = None,
                 mirrors: Optional[MirrorLookup] = None,
                 route: bool = False,
-                mirror_route: bool = False) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor], Optional[TeacherRoute]]:
+                mirror_route: bool = False,
+                cells: bool = False) -> Tuple[TrainBatch, Negatives, Optional[torch.Tensor], Optional[TeacherPass]]:
     """One step's inputs on the worker's device: the decoded batch (with its images' mirrored copies for the flip
     square), its hard negatives (the miner service's, or mined in the batch gathered across workers), the
     teacher's logits (distillation) and, with `route`, the teacher's route inputs on the positive pairs from the
-    same teacher pass (route distillation; `mirror_route` adds them on the mirrored images)."""
+    same teacher pass (route distillation; `mirror_route` adds them on the mirrored images), and with `cells` its
+    adapter's tokens of the batch's images (cell recovery)."""
     batch = decode_batch(raw, meta)
     if mirrors is not None:
         batch.mirror_tokens, batch.has_mirror = mirrors.get(batch.image_ids)
@@ -315,13 +318,13 @@ def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_
     neg.image_tokens = neg.image_tokens.to(device)
     t_logits = t_route = None
     if teacher is not None:
-        t_logits, t_route = teacher_scores(teacher, batch, neg, route=route, mirror=mirror_route)
+        t_logits, t_route = teacher_scores(teacher, batch, neg, route=route, mirror=mirror_route, cells=cells)
     return batch, neg, t_logits, t_route
 
 
 def train_step(wrapped: torch.nn.Module, objectives: EDJEObjectives, optimizer: torch.optim.Optimizer,
                batch: TrainBatch, neg: Negatives, lr: float, t_logits: Optional[torch.Tensor] = None,
-               t_route: Optional[TeacherRoute] = None) -> Dict[str, torch.Tensor]:
+               t_route: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
     """One optimizer step of the (DDP-wrapped) objectives at learning rate `lr`; returns the loss terms."""
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -62,8 +62,15 @@ def route_distillation_loss(student: torch.Tensor, teacher: torch.Tensor, studen
     use = student_valid.bool() & teacher_valid.bool()
     if not bool(use.any()):
         return student.sum() * 0.0
-    target = teacher.detach().to(student.dtype)[use]
-    return ((student[use] - target).pow(2).sum(-1) / (target.pow(2).sum(-1) + eps)).mean()
+    return relative_squared_error(student[use], teacher[use], eps)
+
+
+def relative_squared_error(predicted: torch.Tensor, target: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Mean over vectors [..., h] of ||predicted - target||^2 / (||target||^2 + eps), the target detached."""
+    if predicted.shape != target.shape:
+        raise ValueError(f"predicted {list(predicted.shape)} and target {list(target.shape)} differ")
+    target = target.detach().to(predicted.dtype)
+    return ((predicted - target).pow(2).sum(-1) / (target.pow(2).sum(-1) + eps)).mean()
 
 
 def flip_square_loss(caption_image: torch.Tensor, flipped_image: torch.Tensor, flipped_mirror: torch.Tensor,

@@ -35,7 +35,7 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
         adapter=AdapterConfig(kind=spec.adapter, input_dim=meta.width, output_dim=bert.hidden_size,
                               hidden_dim=spec.adapter_hidden, num_queries=spec.num_queries, num_heads=spec.adapter_heads,
                               position=spec.adapter_position, position_gain=spec.adapter_position_gain,
-                              position_out_std=spec.adapter_position_out),
+                              position_out_std=spec.adapter_position_out, recover_cells=spec.adapter_recover_cells),
         encoder=JointEncoderConfig(tokenizer=lm, bert_config=_plain(bert.to_dict()), max_text_tokens=spec.max_text_tokens,
                                    num_image_tokens=m, text_embed_dim=meta.embed_dim, word_context=spec.word_context,
                                    itm_input=spec.itm_input, **relation_fields(spec)),

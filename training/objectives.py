@@ -44,6 +44,7 @@ from edje.training.losses import (
     mlm_loss,
     pointer_order_loss,
     recovery_loss,
+    relative_squared_error,
     route_distillation_loss,
     weighted_flip_loss,
     word_alignment_loss,
@@ -53,14 +54,16 @@ from edje.training.negatives import Negatives
 
 
 @dataclass
-class TeacherRoute:
-    """The teacher's route inputs [b, R, h] and their validity [b, R] on the b positive pairs and, for mirrored route
-    distillation, on (mirrored image, caption) of the same rows."""
+class TeacherPass:
+    """What the student's objectives read from the teacher's pass beyond its logits: its route inputs [b, R, h] and
+    their validity [b, R] on the b positive pairs (route_distill) and on (mirrored image, caption) of the same rows
+    (route_mirror), and its adapter's tokens of the positives' images [b, n, h] (cell_recovery)."""
 
-    inputs: torch.Tensor
-    valid: torch.Tensor
+    inputs: Optional[torch.Tensor] = None
+    valid: Optional[torch.Tensor] = None
     mirror_inputs: Optional[torch.Tensor] = None
     mirror_valid: Optional[torch.Tensor] = None
+    cells: Optional[torch.Tensor] = None
 
 
 def pair_layout(batch: TrainBatch, neg: Negatives):
@@ -101,6 +104,9 @@ class EDJEObjectives(nn.Module):
         for name in ("route_distill", "route_mirror"):
             if name in self.objectives and not model.encoder.config.route_layer:
                 raise ValueError(f"the {name} objective trains the route's inputs: build the model with route_layer")
+        if "cell_recovery" in self.objectives and getattr(model.adapter, "cell_decoder", None) is None:
+            raise ValueError("the cell_recovery objective trains the adapter's cell decoder: build a compressed adapter "
+                             "with recover_cells")
         if "route_mirror" in self.objectives and not ("flip" in self.objectives and flip_mode == "square"):
             raise ValueError("the route_mirror objective reads the flip square's mirrored images: add the flip "
                              "objective with flip_mode 'square'")
@@ -112,7 +118,7 @@ class EDJEObjectives(nn.Module):
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
     def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None,
-                teacher_route: Optional[TeacherRoute] = None) -> Dict[str, torch.Tensor]:
+                teacher_route: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
         """The weighted losses of the objectives; `teacher_route` is the teacher's route inputs (route_distill,
         route_mirror)."""
         texts, b, k = pair_layout(batch, neg)
@@ -125,8 +131,10 @@ class EDJEObjectives(nn.Module):
         # first) would otherwise pay 1 + 2k forwards per row for a logged accuracy.
         centres = route = None
         wants_route = "route_distill" in self.objectives or "route_mirror" in self.objectives
-        if wants_route and teacher_route is None:
+        if wants_route and (teacher_route is None or teacher_route.inputs is None):
             raise ValueError("the route_distill and route_mirror objectives need the teacher's route inputs")
+        if "cell_recovery" in self.objectives and (teacher_route is None or teacher_route.cells is None):
+            raise ValueError("the cell_recovery objective needs the teacher adapter's tokens")
         if "route_mirror" in self.objectives and teacher_route.mirror_inputs is None:
             raise ValueError("the route_mirror objective needs the teacher's route inputs on the mirrored images")
         if "itm" in self.objectives or "distill" in self.objectives:
@@ -184,6 +192,10 @@ class EDJEObjectives(nn.Module):
             out["loss_route_distill"] = route_distillation_loss(route[0], teacher_route.inputs, route[1],
                                                                 teacher_route.valid)
             total = total + self.weights.get("route_distill", 1.0) * out["loss_route_distill"]
+        if "cell_recovery" in self.objectives:
+            # The teacher's cells permute when the image is mirrored: rebuilding them needs tokens that keep where.
+            out["loss_cell_recovery"] = relative_squared_error(adapter.recover_cells(pos), teacher_route.cells)
+            total = total + self.weights.get("cell_recovery", 1.0) * out["loss_cell_recovery"]
         if "word_align" in self.objectives:
             word_vecs, word_valid = self._content_word_vectors(batch.captions, pos.shape[1], pos.device)
             out["loss_word_align"], acc = word_alignment_loss(word_vecs, word_valid, pos, same_image(batch.image_ids),
@@ -208,7 +220,7 @@ class EDJEObjectives(nn.Module):
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-                     teacher_route: Optional[TeacherRoute] = None) -> Dict[str, torch.Tensor]:
+                     teacher_route: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
         """The flip square on horizontal captions whose image has a mirrored copy, and weighted caption-side flips
         on vertical ones; every extra pair scored in one pass. With route_mirror, the same pass gives the route
         inputs of (mirror I, c), and `route` holds the positives' (inputs, valid)."""
@@ -306,18 +318,20 @@ def same_image(image_ids: Sequence[str]) -> torch.Tensor:
 
 @torch.no_grad()
 def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives, route: bool = False,
-                   mirror: bool = False) -> Tuple[torch.Tensor, Optional[TeacherRoute]]:
+                   mirror: bool = False, cells: bool = False) -> Tuple[torch.Tensor, Optional[TeacherPass]]:
     """(The teacher's ITM logits on the same pairs, in the same order, as EDJEObjectives scores them, its route
     inputs on the positive pairs from the same pass when `route`, else None); `mirror` adds the route inputs of
-    (mirrored image, caption) for every row (zeros where a row has no mirror)."""
+    (mirrored image, caption) for every row (zeros where a row has no mirror); `cells` the teacher adapter's tokens of
+    the positives' images (with or without `route`)."""
     texts, b, k = pair_layout(batch, neg)
     pos = teacher.adapter(batch.tokens)
     negi = teacher.adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
     pairs = torch.cat([pos, negi, pos.repeat_interleave(k, dim=0)])
+    extra = TeacherPass(cells=pos) if cells else None
     if not route:
-        return teacher.encoder.score(texts, pairs), None
+        return teacher.encoder.score(texts, pairs), extra
     logits, inputs, valid = teacher.encoder.score_and_route(texts, pairs)
-    out = TeacherRoute(inputs[:b], valid[:b])
+    out = TeacherPass(inputs[:b], valid[:b], cells=pos if cells else None)
     if mirror:
         if batch.mirror_tokens is None:
             raise ValueError("the teacher's mirrored route inputs need the batch's mirrored images")
