@@ -94,7 +94,6 @@ class CompressionAdapter(nn.Module):
             y = y + self.position_out(weights @ centred)
         return y
 
-
     def recover_cells(self, compressed: torch.Tensor) -> torch.Tensor:
         """The cell decoder's rebuild [B, cells, d_lm] of a local adapter's tokens from this adapter's output."""
         if self.cell_decoder is None:

@@ -276,10 +276,10 @@ def train_loop_per_worker(config: dict) -> None:
         else:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
-            batch, neg, t_logits, t_route = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors,
+            batch, neg, t_logits, t_pass = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors,
                                                         teacher_route, route_mirror, teacher_cells)
             out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits,
-                             t_route)
+                             t_pass)
             pos.step += 1
             pos.batch_in_epoch = i + 1
             for k, v in out.items():
@@ -316,19 +316,19 @@ def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_
     batch = _to_device(batch, device)
     neg = miner(batch) if miner is not None else in_batch_negatives(miner_cfg, batch, gather_batch(batch), generator)
     neg.image_tokens = neg.image_tokens.to(device)
-    t_logits = t_route = None
+    t_logits = t_pass = None
     if teacher is not None:
-        t_logits, t_route = teacher_scores(teacher, batch, neg, route=route, mirror=mirror_route, cells=cells)
-    return batch, neg, t_logits, t_route
+        t_logits, t_pass = teacher_scores(teacher, batch, neg, route=route, mirror=mirror_route, cells=cells)
+    return batch, neg, t_logits, t_pass
 
 
 def train_step(wrapped: torch.nn.Module, objectives: EDJEObjectives, optimizer: torch.optim.Optimizer,
                batch: TrainBatch, neg: Negatives, lr: float, t_logits: Optional[torch.Tensor] = None,
-               t_route: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
+               t_pass: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
     """One optimizer step of the (DDP-wrapped) objectives at learning rate `lr`; returns the loss terms."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    out = wrapped(batch, neg, t_logits, t_route)
+    out = wrapped(batch, neg, t_logits, t_pass)
     optimizer.zero_grad(set_to_none=True)
     out["loss"].backward()
     torch.nn.utils.clip_grad_norm_(objectives.parameters(), 5.0)

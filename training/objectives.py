@@ -74,7 +74,7 @@ def pair_layout(batch: TrainBatch, neg: Negatives):
 
 
 class EDJEObjectives(nn.Module):
-    """Wraps EDJEModel; forward(batch, negatives, teacher_logits, teacher_route) -> dict of losses and ITM accuracy."""
+    """Wraps EDJEModel; forward(batch, negatives, teacher_logits, teacher_pass) -> dict of losses and ITM accuracy."""
 
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
@@ -118,9 +118,9 @@ class EDJEObjectives(nn.Module):
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
     def forward(self, batch: TrainBatch, neg: Negatives, teacher_logits: Optional[torch.Tensor] = None,
-                teacher_route: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
-        """The weighted losses of the objectives; `teacher_route` is the teacher's route inputs (route_distill,
-        route_mirror)."""
+                teacher_pass: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
+        """The weighted losses of the objectives; `teacher_pass` holds what route_distill, route_mirror and
+        cell_recovery read from the teacher's pass."""
         texts, b, k = pair_layout(batch, neg)
         adapter, encoder = self.model.adapter, self.model.encoder
         # The adapter runs once per distinct image: positives and the negative images.
@@ -131,11 +131,11 @@ class EDJEObjectives(nn.Module):
         # first) would otherwise pay 1 + 2k forwards per row for a logged accuracy.
         centres = route = None
         wants_route = "route_distill" in self.objectives or "route_mirror" in self.objectives
-        if wants_route and (teacher_route is None or teacher_route.inputs is None):
+        if wants_route and (teacher_pass is None or teacher_pass.inputs is None):
             raise ValueError("the route_distill and route_mirror objectives need the teacher's route inputs")
-        if "cell_recovery" in self.objectives and (teacher_route is None or teacher_route.cells is None):
+        if "cell_recovery" in self.objectives and (teacher_pass is None or teacher_pass.cells is None):
             raise ValueError("the cell_recovery objective needs the teacher adapter's tokens")
-        if "route_mirror" in self.objectives and teacher_route.mirror_inputs is None:
+        if "route_mirror" in self.objectives and teacher_pass.mirror_inputs is None:
             raise ValueError("the route_mirror objective needs the teacher's route inputs on the mirrored images")
         if "itm" in self.objectives or "distill" in self.objectives:
             negi = adapter(neg.image_tokens.reshape(b * k, *neg.image_tokens.shape[2:]))
@@ -150,7 +150,7 @@ class EDJEObjectives(nn.Module):
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
         if "flip" in self.objectives:
-            out.update(self._flip_square(batch, pos, pos_l, route, teacher_route) if self.flip_mode == "square" else
+            out.update(self._flip_square(batch, pos, pos_l, route, teacher_pass) if self.flip_mode == "square" else
                        self._flip_caption(batch, pos, pos_l))
             total = total + self.weights.get("flip", 1.0) * out["loss_flip"]
             if "route_mirror" in self.objectives:
@@ -189,12 +189,12 @@ class EDJEObjectives(nn.Module):
         if "route_distill" in self.objectives:
             if route is None:
                 route = encoder.score_and_route(list(batch.captions), pos)[1:]
-            out["loss_route_distill"] = route_distillation_loss(route[0], teacher_route.inputs, route[1],
-                                                                teacher_route.valid)
+            out["loss_route_distill"] = route_distillation_loss(route[0], teacher_pass.inputs, route[1],
+                                                                teacher_pass.valid)
             total = total + self.weights.get("route_distill", 1.0) * out["loss_route_distill"]
         if "cell_recovery" in self.objectives:
             # The teacher's cells permute when the image is mirrored: rebuilding them needs tokens that keep where.
-            out["loss_cell_recovery"] = relative_squared_error(adapter.recover_cells(pos), teacher_route.cells)
+            out["loss_cell_recovery"] = relative_squared_error(adapter.recover_cells(pos), teacher_pass.cells)
             total = total + self.weights.get("cell_recovery", 1.0) * out["loss_cell_recovery"]
         if "word_align" in self.objectives:
             word_vecs, word_valid = self._content_word_vectors(batch.captions, pos.shape[1], pos.device)
@@ -220,7 +220,7 @@ class EDJEObjectives(nn.Module):
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-                     teacher_route: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
+                     teacher_pass: Optional[TeacherPass] = None) -> Dict[str, torch.Tensor]:
         """The flip square on horizontal captions whose image has a mirrored copy, and weighted caption-side flips
         on vertical ones; every extra pair scored in one pass. With route_mirror, the same pass gives the route
         inputs of (mirror I, c), and `route` holds the positives' (inputs, valid)."""
@@ -242,8 +242,8 @@ class EDJEObjectives(nn.Module):
             logits, inputs, valid = self.model.encoder.score_and_route(texts, images)
             rows = torch.tensor(square, device=pos.device)
             out["loss_route_mirror"] = route_distillation_loss(
-                route[0][rows] - inputs[2 * r:3 * r], teacher_route.inputs[rows] - teacher_route.mirror_inputs[rows],
-                route[1][rows] & valid[2 * r:3 * r], teacher_route.valid[rows] & teacher_route.mirror_valid[rows])
+                route[0][rows] - inputs[2 * r:3 * r], teacher_pass.inputs[rows] - teacher_pass.mirror_inputs[rows],
+                route[1][rows] & valid[2 * r:3 * r], teacher_pass.valid[rows] & teacher_pass.mirror_valid[rows])
         else:
             logits = self.model.encoder.score(texts, images)
         wins, loss = [], pos.new_zeros(())
