@@ -10,9 +10,9 @@ from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
 Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror",
-                    "word_align", "cell_recovery"]
+                    "word_align", "cell_recovery", "noun_swap"]
 OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill",
-                               "route_mirror", "word_align", "cell_recovery")
+                               "route_mirror", "word_align", "cell_recovery", "noun_swap")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")

@@ -19,6 +19,7 @@ from edje.training.caption_rewrites import VERTICAL, FlipBalance
 from edje.training.config import TrainJobConfig
 from edje.training.config import absolute_path as _absolute
 from edje.training.language_model import pack, resolve_language_model
+from edje.training.noun_swaps import NounSwaps
 
 
 def expand_tables(paths: Sequence[str]) -> List[str]:
@@ -74,6 +75,9 @@ def run(cfg: TrainJobConfig, language_model=None):
         flips = {"mirror_paths": mirrors, "flip_balance": FlipBalance(training_captions(paths), VERTICAL)}
     elif "flip" in cfg.objectives:
         flips = {"flip_balance": FlipBalance(training_captions(paths), axis=None)}
+    if "noun_swap" in cfg.objectives:
+        # Like the flip balance, counted once over every worker's captions.
+        flips["noun_swaps"] = NounSwaps(*training_captions(paths, with_image_ids=True))
     trainer = TorchTrainer(
         _entry,
         train_loop_config={"job": cfg, "meta": meta, "paths": paths,
@@ -99,16 +103,17 @@ def check_mirror_tables(paths: Sequence[str], meta: TableMetadata) -> None:
                                feature_layer=meta.feature_layer, num_tokens=meta.num_tokens, width=meta.width)
 
 
-def training_captions(paths: Sequence[str]) -> List[str]:
-    """The captions of the tables' training rows (augmented rows left out)."""
+def training_captions(paths: Sequence[str], with_image_ids: bool = False):
+    """The captions of the tables' training rows (augmented rows left out); with_image_ids: (captions, image ids)."""
     out: List[str] = []
+    ids: List[str] = []
     for p in paths:
         augmented = read_metadata(p).augment is not None
-        table, _ = read_token_table(p, columns=["caption"] + (["augment"] if augmented else []))
-        out += [c for c, a in zip(table.column("caption").to_pylist(),
-                                  table.column("augment").to_pylist() if augmented else [None] * table.num_rows)
-                if a is None]
-    return out
+        table, _ = read_token_table(p, columns=["caption", "image_id"] + (["augment"] if augmented else []))
+        keep = [a is None for a in (table.column("augment").to_pylist() if augmented else [None] * table.num_rows)]
+        out += [c for c, k in zip(table.column("caption").to_pylist(), keep) if k]
+        ids += [i for i, k in zip(table.column("image_id").to_pylist(), keep) if k]
+    return (out, ids) if with_image_ids else out
 
 
 def count_rows(paths: Sequence[str]) -> int:

@@ -13,7 +13,9 @@ relation) regresses the teacher's, whose phrases carry their image positions (th
 distillation: on the flip square's rows, how the student's route input changes from the image to its mirror regresses
 how the teacher's does (what a phrase's image position adds, with what the phrase says cancelled out), and word
 alignment: each content word of each caption (its wordpieces' mean input embedding) finds its best adapter token in
-every image of the batch, and their mean cosine picks the caption's own image and back (FILIP's fine-grained loss).
+every image of the batch, and their mean cosine picks the caption's own image and back (FILIP's fine-grained loss), and
+noun swaps: each positive against its caption with one noun replaced by a neighbour caption's (training/noun_swaps.py),
+on the same image.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from edje.training.losses import (
 )
 from edje.training.masking import PieceGroups
 from edje.training.negatives import Negatives
+from edje.training.noun_swaps import NounSwaps
 
 
 @dataclass
@@ -79,7 +82,8 @@ class EDJEObjectives(nn.Module):
     def __init__(self, model: EDJEModel, objectives: Sequence[str], weights: Dict[str, float],
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
                  flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None,
-                 pointer_k: float = 10.0, align_temperature: float = 0.05):
+                 pointer_k: float = 10.0, align_temperature: float = 0.05, noun_swaps: Optional[NounSwaps] = None,
+                 seed: int = 0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -110,7 +114,11 @@ class EDJEObjectives(nn.Module):
         if "route_mirror" in self.objectives and not ("flip" in self.objectives and flip_mode == "square"):
             raise ValueError("the route_mirror objective reads the flip square's mirrored images: add the flip "
                              "objective with flip_mode 'square'")
+        if "noun_swap" in self.objectives and not ("itm" in self.objectives and isinstance(noun_swaps, NounSwaps)):
+            raise ValueError("the noun_swap objective compares ITM logits: it needs the itm objective and the "
+                             "training captions' NounSwaps")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
+        self.noun_swaps, self._swap_rng = noun_swaps, np.random.default_rng(seed)
         # Word alignment reads every content word, whatever the MLM policy masks.
         self.align_words = ContentWords(model.encoder.tokenizer) if "word_align" in self.objectives else None
         self.align_temperature = align_temperature
@@ -155,6 +163,9 @@ class EDJEObjectives(nn.Module):
             total = total + self.weights.get("flip", 1.0) * out["loss_flip"]
             if "route_mirror" in self.objectives:
                 total = total + self.weights.get("route_mirror", 1.0) * out["loss_route_mirror"]
+        if "noun_swap" in self.objectives:
+            out.update(self._noun_swap(batch, neg, pos, pos_l))
+            total = total + self.weights.get("noun_swap", 1.0) * out["loss_noun_swap"]
         if "pointer" in self.objectives:
             xy, valid, orders = encoder.pointer_readout(list(batch.captions), pos)
             out["loss_pointer"], in_order = pointer_order_loss(xy, valid, orders, self.pointer_k)
@@ -217,6 +228,18 @@ class EDJEObjectives(nn.Module):
         w = torch.tensor([weight[i] for i in rows], dtype=flip_l.dtype, device=flip_l.device)
         return {"loss_flip": weighted_flip_loss(pos_l[rows], flip_l, w),
                 "flip_acc": (pos_l[rows] > flip_l).float().mean().detach()}
+
+    def _noun_swap(self, batch: TrainBatch, neg: Negatives, pos: torch.Tensor,
+                   pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Each positive against its caption with one noun swapped, donors first from its hard negatives'
+        captions, on the same image."""
+        swapped = [self.noun_swaps.swap(c, neg.captions[i], self._swap_rng) for i, c in enumerate(batch.captions)]
+        rows = [i for i, s in enumerate(swapped) if s is not None]
+        if not rows:
+            return {"loss_noun_swap": pos.sum() * 0}
+        swap_l = self.model.encoder.score([swapped[i] for i in rows], pos[rows])
+        return {"loss_noun_swap": weighted_flip_loss(pos_l[rows], swap_l, torch.ones_like(swap_l)),
+                "noun_swap_acc": (pos_l[rows] > swap_l).float().mean().detach()}
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
