@@ -60,7 +60,8 @@ class LocalAdapter(nn.Module):
 class CompressionAdapter(nn.Module):
     """EDJE token compression: m learnable queries attend over K = X W_K, V = X W_V;
     O = H + MLP(LayerNorm(H)); Y = O W_proj (into the language model's width), plus, with position_out_std > 0,
-    W_xy x_hat: x_hat the centred grid cell centre each query's attention (mean over heads) expects."""
+    W_xy x_hat: x_hat the centred grid cell centre each query's attention (mean over heads) expects. With
+    query_grid > 0 the queries sit on a square grid and each one's attention is biased towards its own region."""
 
     def __init__(self, cfg: AdapterConfig):
         super().__init__()
@@ -79,6 +80,17 @@ class CompressionAdapter(nn.Module):
             self.position_out = nn.Linear(2, cfg.output_dim, bias=False)
             nn.init.normal_(self.position_out.weight, std=cfg.position_out_std)
         self.cell_decoder = CellDecoder(cfg.output_dim, cfg.recover_cells) if cfg.recover_cells > 0 else None
+        self._bias: dict = {}  # query-grid attention bias by number of backbone cells, rebuilt never stored
+
+    def region_bias(self, num_cells: int) -> torch.Tensor | None:
+        """[num_queries, num_cells] additive attention logits that keep each query of the grid near its region."""
+        if self.config.query_grid <= 0:
+            return None
+        if num_cells not in self._bias:
+            q, k = cell_centres(self.config.num_queries), cell_centres(num_cells)
+            sigma = self.config.query_grid / self.config.num_queries ** 0.5
+            self._bias[num_cells] = -torch.cdist(q, k).square() / (2 * sigma ** 2)
+        return self._bias[num_cells]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = check_tokens(tokens, self.config.input_dim)
@@ -86,7 +98,9 @@ class CompressionAdapter(nn.Module):
             x = self.position(x)
         query = self.query.expand(x.shape[0], -1, -1)
         want = self.position_out is not None
-        h, weights = self.attention(query, self.key(x), self.value(x), need_weights=want, average_attn_weights=True)
+        bias = self.region_bias(x.shape[1])
+        h, weights = self.attention(query, self.key(x), self.value(x), need_weights=want, average_attn_weights=True,
+                                    attn_mask=None if bias is None else bias.to(x.device, x.dtype))
         o = h + self.mlp(self.layernorm(h))
         y = self.projection(o)
         if want:

@@ -34,8 +34,9 @@ class EDJEModel(nn.Module):
         if cfg.adapter.kind == "compressed" and cfg.adapter.num_queries != cfg.encoder.num_image_tokens:
             raise ValueError(f"adapter emits {cfg.adapter.num_queries} tokens but the joint encoder takes "
                              f"{cfg.encoder.num_image_tokens}")
-        if cfg.encoder.pointer and cfg.adapter.kind != "local":
-            raise ValueError("the pointer reads the image tokens as the backbone's cell grid: it needs a local adapter")
+        if cfg.encoder.pointer and not cfg.adapter.cell_grid:
+            raise ValueError("the pointer reads the image tokens as a grid of image cells: it needs a local adapter or "
+                             "a compressed one on a query grid")
         self.adapter = build_adapter(cfg.adapter)
         self.encoder = JointEncoder(cfg.encoder, load_weights=load_language_model)
         if cfg.adapter.output_dim != self.encoder.hidden_size:

@@ -68,6 +68,17 @@ class AdapterConfig:
     # Compressed only: a training head (learned cell queries over the compressed tokens) that rebuilds this many cells
     # of a local teacher's tokens, so the tokens must keep what is where (0: none). Scoring never runs it.
     recover_cells: int = 0
+    # Compressed only: the queries sit on a square grid (row-major, num_queries a square) and each one's attention
+    # logits over the backbone's cells get -d^2 / (2 (query_grid * step)^2), d the distance between the query's and
+    # the cell's centres, step the query grid's spacing (0: free queries, the paper's). Query j then pools region j,
+    # so the compressed tokens are a coarse cell grid, laid out as a local adapter's: they permute when the image is
+    # mirrored, and the pointer can read them.
+    query_grid: float = 0.0
+
+    @property
+    def cell_grid(self) -> bool:
+        """Whether the output tokens are a square grid of image cells (local, or compressed on a query grid)."""
+        return self.kind == "local" or self.query_grid > 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "compressed"):
@@ -80,6 +91,10 @@ class AdapterConfig:
         if self.recover_cells < 0 or (self.recover_cells > 0 and self.kind != "compressed"):
             raise ValueError(f"recover_cells must be >= 0, and > 0 only for a compressed adapter, got "
                              f"{self.recover_cells} for {self.kind!r}")
+        if self.query_grid < 0 or (self.query_grid > 0 and (self.kind != "compressed"
+                                                             or round(self.num_queries ** 0.5) ** 2 != self.num_queries)):
+            raise ValueError(f"query_grid must be >= 0, and > 0 only for a compressed adapter with a square number of "
+                             f"queries, got {self.query_grid} for {self.kind!r} with {self.num_queries} queries")
         if self.kind == "compressed" and self.input_dim % self.num_heads:
             raise ValueError(f"input_dim {self.input_dim} is not divisible by num_heads {self.num_heads}")
 

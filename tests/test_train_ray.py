@@ -285,18 +285,21 @@ def test_flip_square_and_pointer_reach_the_worker(pipeline_tables, tmp_path, ray
     assert enc.pointer and enc.relation_roles and enc.role_vocabulary is None
     training = read_checkpoint_config(str(export))["training"]
     assert training["flip_mode"] == "square" and "pointer" in training["objectives"]
-    # Its compressed student (no grid, so no pointer) regresses the teacher's route inputs, how they change on the
-    # mirrored image, and its cells (rebuilt from the compressed tokens), in the same worker loop.
+    # Its compressed student, on a query grid so that it keeps the teacher's pointer over its own coarse cells,
+    # regresses the teacher's route inputs, how they change on the mirrored image, and its cells (rebuilt from the
+    # compressed tokens), in the same worker loop.
     student, student_rows = _train("pretrain.py", tmp_path / "mirror" / "tables", tmp_path, "student",
                                    ray_local.get_runtime_context().gcs_address,
                                    "--init-encoder-from", str(export), "--teacher", str(export), "--adapter",
-                                   "compressed", "--num-queries", "8", "--adapter-position-out", "1.0",
-                                   "--adapter-recover-cells", "64", "--objectives", "itm", "flip", "distill",
-                                   "route_distill", "route_mirror", "cell_recovery",
+                                   "compressed", "--num-queries", "16", "--adapter-query-grid", "0.5",
+                                   "--adapter-position-out", "1.0", "--adapter-recover-cells", "64", "--objectives",
+                                   "itm", "flip", "distill", "route_distill", "route_mirror", "cell_recovery", "pointer",
                                    "--flip-mode", "square", "--relation-roles", "--role-parse", "english",
-                                   "--route-layer", "1", "--image-positions", "fixed")
-    terms = ("loss_route_distill", "loss_route_mirror", "loss_distill", "loss_cell_recovery")
+                                   "--route-layer", "1", "--image-positions", "fixed", "--pointer")
+    terms = ("loss_route_distill", "loss_route_mirror", "loss_distill", "loss_cell_recovery", "loss_pointer")
     assert all(math.isfinite(r[t]) for r in student_rows for t in terms), student_rows
     assert any(r["loss_route_distill"] > 0 for r in student_rows), student_rows
     assert any(r["loss_route_mirror"] > 0 for r in student_rows), student_rows
-    assert load_checkpoint(str(student)).adapter.position_out is not None  # its tokens carry where its queries look
+    shipped = load_checkpoint(str(student))
+    assert shipped.adapter.position_out is not None  # its tokens carry where its queries look
+    assert shipped.config.adapter.query_grid == 0.5 and shipped.config.encoder.pointer

@@ -78,6 +78,11 @@ class ModelSpec:
     adapter_recover_cells: int = option(0, group=MODEL_GROUP, help="compressed: a training head that rebuilds this "
                                         "many cells of a local teacher's tokens from the compressed ones (the "
                                         "cell_recovery objective; 0: none)")
+    # AdapterConfig.query_grid
+    adapter_query_grid: float = option(0.0, group=MODEL_GROUP, help="compressed: put the queries on a square grid, "
+                                       "each attending near its own region (a Gaussian bias of this width in query-grid "
+                                       "steps), so the tokens are a coarse cell grid the pointer can read (0: free "
+                                       "queries)")
     # AdapterConfig.position_gain: the 2-D table's initial gain
     adapter_position_gain: float = option(1.0, group=MODEL_GROUP, help="initial gain of the 2-D table (unit norm per "
                                           "cell; backbone tokens are ~17 long)")
@@ -123,7 +128,7 @@ class ModelSpec:
     pointer: bool = option(False, group=RELATIONS_GROUP, help="the pointer: each relation's subject and object "
                            "phrase, from its own words, points at the image cells; its expected cell joins the "
                            "phrase's states where the route reads them (needs --role-parse english, --route-layer and "
-                           "a local adapter; the pointer objective trains it)")
+                           "a local adapter or --adapter-query-grid; the pointer objective trains it)")
 
 
 @dataclass(frozen=True)
