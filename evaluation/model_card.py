@@ -97,7 +97,8 @@ def _body(folder: Path, meta: Dict) -> str:
     bert = enc["bert_config"]
     m = enc["num_image_tokens"]
     width = bert["hidden_size"]
-    kind = f"compressed ({m} learned queries)" if a["kind"] == "compressed" else f"local (per-token MLP, {m} tokens)"
+    grid = f" on a {round(m ** 0.5)}x{round(m ** 0.5)} grid, each pooling near its own region" if a.get("query_grid") else ""
+    kind = f"compressed ({m} learned queries{grid})" if a["kind"] == "compressed" else f"local (per-token MLP, {m} tokens)"
     lines = [f"# {folder.name}", "",
              "An EDJE reranker (joint encoder over a caption and an image's stored tokens) of the EDJE on Ray project.", "",
              "## What it is", "",

@@ -38,6 +38,14 @@ def test_a_swap_replaces_every_mention_and_fixes_the_article():
     assert swap_noun("An orange above a Cat", "orange", "pear") == "A pear above a Cat"
     assert swap_noun("a cat on a caterpillar", "cat", "owl") == "an owl on a caterpillar"
     assert swap_noun("Dog left of the doghouse", "dog", "wolf") == "Wolf left of the doghouse"
+    assert swap_noun("a cat above a dog", "cat", "unicorn", article="a") == "a unicorn above a dog"
+
+
+def test_the_article_a_donor_takes_is_the_one_the_data_puts_before_it():
+    swaps = NounSwaps(["a unicorn above a tree", "an hour above a tree", "a cat above a tree"])
+    assert swaps.articles == {"unicorn": "a", "hour": "an", "cat": "a", "tree": "a"}
+    draws = {swaps.swap("a cat above a tree", (), np.random.default_rng(i)) for i in range(40)}
+    assert draws == {"a unicorn above a tree", "an hour above a tree"}
 
 
 def test_donors_come_only_from_the_same_context_by_their_frequency():

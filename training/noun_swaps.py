@@ -47,6 +47,7 @@ class Slot:
 
     word: str
     key: tuple  # (word before, word or mark after, plural)
+    article: Optional[str] = None  # "a" or "an" when one stands right before the word
 
 
 def _is_content(token: str) -> bool:
@@ -80,24 +81,23 @@ def noun_slots(caption: str) -> tuple[Slot, ...]:
         if word in seen:
             continue
         seen.add(word)
-        before = _article(tokens[i - 1].lower()) if i else START
+        before = tokens[i - 1].lower() if i else START
         after = tokens[i + 1].lower() if i + 1 < len(tokens) else END
-        slots.append(Slot(word, (before, after, _plural(word))))
+        slots.append(Slot(word, (_article(before), after, _plural(word)), before if before in ("a", "an") else None))
     return tuple(slots)
 
 
-def _an(word: str) -> str:
-    return "an" if word[:1].lower() in "aeiou" else "a"
-
-
-def swap_noun(caption: str, old: str, new: str) -> str:
+def swap_noun(caption: str, old: str, new: str, article: Optional[str] = None) -> str:
     """``caption`` with every mention of the word ``old`` replaced by ``new`` (case kept), and an "a"/"an" right
-    before each mention rewritten for ``new``."""
+    before each mention rewritten for ``new``: ``article`` when given (the one the data puts before it), else by
+    its first letter."""
+    new_article = article
+
     def sub(m: re.Match) -> str:
         article, space, word = m.group(1), m.group(2), m.group(3)
         out = new.capitalize() if word[0].isupper() else new
         if article:
-            fixed = _an(new)
+            fixed = new_article or ("an" if new[:1].lower() in "aeiou" else "a")
             article = fixed.capitalize() if article[0].isupper() else fixed
         return (article or "") + (space or "") + out
     pattern = re.compile(r"(?:\b(an?|An?)(\s+))?(?<![A-Za-z'-])(" + re.escape(old) + r")(?![A-Za-z'-])", re.IGNORECASE)
@@ -125,9 +125,13 @@ class NounSwaps:
     def __init__(self, captions: Iterable[str], image_ids: Optional[Iterable[str]] = None):
         captions = list(captions)
         self.donors: dict[tuple, Counter] = defaultdict(Counter)
+        articles: dict[str, Counter] = defaultdict(Counter)  # "an hour", "a unicorn": the data says which
         for c in captions:
             for s in noun_slots(c):
                 self.donors[s.key][s.word] += 1
+                if s.article:
+                    articles[s.word][s.article] += 1
+        self.articles = {w: c.most_common(1)[0][0] for w, c in articles.items()}
         self.aliases = aliases(captions, image_ids) if image_ids is not None else frozenset()
         self._draw: dict[tuple, tuple[list, np.ndarray]] = {}
 
@@ -144,7 +148,7 @@ class NounSwaps:
                 if d.key == s.key and self._allowed(s.word, d.word, present)]
         if near:
             slot, new = near[rng.integers(len(near))]
-            return swap_noun(caption, slot.word, new)
+            return swap_noun(caption, slot.word, new, self.articles.get(new))
         order = rng.permutation(len(slots))
         for i in order:
             slot = slots[i]
@@ -152,7 +156,8 @@ class NounSwaps:
             keep = np.array([self._allowed(slot.word, w, present) for w in words], dtype=bool)
             if keep.any():
                 q = p * keep
-                return swap_noun(caption, slot.word, words[rng.choice(len(words), p=q / q.sum())])
+                new = words[rng.choice(len(words), p=q / q.sum())]
+                return swap_noun(caption, slot.word, new, self.articles.get(new))
         return None
 
     def _choices(self, key: tuple) -> tuple[list, np.ndarray]:
