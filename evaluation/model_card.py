@@ -20,11 +20,11 @@ from huggingface_hub import EvalResult, ModelCardData
 from edje.model.ranking import RankingConfig
 from edje.sampleworld.registry import world_kind
 from edje.schemas.codecs import bytes_per_image
+from edje.schemas.shipped import WORLD_BACKBONES
 
 CARD = "README.md"
 LICENSE = "apache-2.0"  # the project's licence (pyproject.toml); the weights are trained by its own jobs
 SAMPLE_WORLD = "edje-sampleworld"  # the embedded, generated dataset every shipped checkpoint was trained on
-KINDS = world_kind("shapes").twin_kinds  # shipped checkpoints are trained and measured on the shapes world
 NO_RELATIONS = ("Relation twins (\"A left of B\" against \"B left of A\") are ranked at chance: this checkpoint has no "
                 "relation parts (role embeddings, the subject-minus-object route, grounding), and its training had no "
                 "signal that needs position.")
@@ -40,8 +40,20 @@ CAPTION_RELATION_LIMITS = ("Relations are read from English's closed class of sp
                            "(`edje.model.relation_spans`), with no word list of any world; a relation stated "
                            "otherwise (\"the dog chases the cat\", \"in front of\", \"inside\") gets no roles and is "
                            "scored as plain text.",)
-LIMITS = ("Trained on the project's sample world only (small shapes on plain backgrounds, template captions); "
-          "real photographs and free-form captions need a checkpoint trained on real pairs.",)
+# What each sample world kind shows, for the card's limits.
+WORLD_PICTURES = {"shapes": "small shapes on plain backgrounds",
+                  "open": "emoji glyphs of 551 nouns on plain backgrounds"}
+
+
+def world_of(backbone: str) -> str:
+    """The sample world kind a checkpoint was trained on: the one whose shipped backbone it reads (else shapes)."""
+    return next((kind for kind, name in WORLD_BACKBONES.items() if name == backbone), "shapes")
+
+
+def limits_of(kind: str) -> tuple:
+    """The card's limit that every sample-world checkpoint shares."""
+    return (f"Trained on the project's sample world only ({WORLD_PICTURES[kind]}, template captions); real photographs "
+            "and free-form captions need a checkpoint trained on real pairs.",)
 
 
 def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: str) -> None:
@@ -94,6 +106,8 @@ def _body(folder: Path, meta: Dict) -> str:
     """The card's text."""
     cfg = meta["config"]
     a, enc, b = cfg["adapter"], cfg["encoder"], cfg["backbone"]
+    world = world_of(b["name"])
+    kinds_of_world = world_kind(world).twin_kinds
     bert = enc["bert_config"]
     m = enc["num_image_tokens"]
     width = bert["hidden_size"]
@@ -131,11 +145,11 @@ def _body(folder: Path, meta: Dict) -> str:
     lines += ["## Figures on world seeds no run used", ""]
     if evals:
         lines += ["| evaluation | T2I R@1 first stage -> reranked | I2T R@1 | within-family T2I (first stage -> reranked) | "
-                  "T2I twins: " + " / ".join(KINDS) + " | relation twins, same side |",
+                  "T2I twins: " + " / ".join(kinds_of_world) + " | relation twins, same side |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for e in evals:
             t, i = e["t2i"], e["i2t"]
-            kinds = " / ".join(_fmt(t.get("by_kind", {}).get(k)) for k in KINDS)
+            kinds = " / ".join(_fmt(t.get("by_kind", {}).get(k)) for k in kinds_of_world)
             lines.append(f"| {e['label']} | {t['first_stage_r1']} -> **{t['reranked_r1']}** | {i['first_stage_r1']} -> "
                          f"{i['reranked_r1']} | {_fmt(t.get('within_family_first_stage'))} -> "
                          f"**{_fmt(t.get('within_family'))}** | {kinds} | {_fmt(t.get('relation_same_side'))} |")
@@ -143,9 +157,9 @@ def _body(folder: Path, meta: Dict) -> str:
     else:
         lines.append("None recorded.")
     if not enc.get("route_layer"):
-        limits = (NO_RELATIONS,) + LIMITS
+        limits = (NO_RELATIONS,) + limits_of(world)
     else:
-        limits = (RELATION_LIMITS if enc.get("role_vocabulary") else CAPTION_RELATION_LIMITS) + LIMITS
+        limits = (RELATION_LIMITS if enc.get("role_vocabulary") else CAPTION_RELATION_LIMITS) + limits_of(world)
     lines += ["", "## Known limits", ""] + [f"- {x}" for x in limits] + [""]
     return "\n".join(lines)
 

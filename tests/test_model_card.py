@@ -71,3 +71,22 @@ def test_a_held_out_card_names_what_its_training_never_showed(tmp_path):
     text = (ckpt / "README.md").read_text()
     assert "- Held out: no image of its training showed `red+circle`, `star+left`" in text
     assert "--held-out-mode only|exclude" in text and "not the frozen backbone's" in text
+
+
+def test_an_open_world_card_shows_that_worlds_twin_kinds_and_pictures(tmp_path):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(SHIPPED[0], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["config"]["backbone"]["name"] = "edje-tiny-convvit-128"  # the open world's shipped backbone
+    config["config"]["adapter"]["query_grid"] = 0.5
+    (ckpt / "config.json").write_text(json.dumps(config))
+    kinds = {"noun": {"accuracy": 91.0, "pairs": 10}, "facing": {"accuracy": 60.0, "pairs": 10}}
+    metrics = {d: {"first_stage": {"r1": 30.0}, "reranked": {"r1": 40.0},
+                   "within_family": {"first_stage": {"accuracy": 50.0}, "reranked": {"accuracy": 60.0},
+                                     "by_kind": {"reranked": kinds}}} for d in ("t2i", "i2t")}
+    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    main([str(ckpt), "--add-eval", f"seed 1={tmp_path / 'm.json'}", "--eval-command", "jobs/quickstart.py --world open"])
+    text = (ckpt / "README.md").read_text()
+    assert "T2I twins: size / facing / count / relation / noun |" in text and "- / 60 / - / - / 91 |" in text
+    assert "emoji glyphs of 551 nouns" in text and "small shapes" not in text
+    assert "learned queries on a 4x4 grid" in text
