@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.models.bert.modeling_bert import BertPooler
 
 from edje.model import wordpieces
+from edje.model.content_words import ContentWords, content_word_slots, mean_over_words
 from edje.model.pointer import Pointer
 from edje.model.relation_roles import MAX_RELATIONS, NUM_ROLES, mention_roles, role_matrix, word_starts
 from edje.schemas.config import JointEncoderConfig
@@ -89,6 +91,11 @@ class JointEncoder(nn.Module):
         if cfg.ground_layer:
             self.ground_head = nn.Linear(hidden, 2)
             self.bert.bert.encoder.layer[cfg.ground_layer - 1].register_forward_hook(self._keep_ground_states)
+        self._content_words: Optional[ContentWords] = None  # built from the tokenizer on first use
+        if cfg.word_alignment:
+            if cfg.itm_input == "global":
+                raise ValueError("the word-alignment term reads the image tokens: it needs itm_input 'tokens'")
+            self.alignment_scale = nn.Parameter(torch.tensor(float(cfg.word_alignment)))
 
     @property
     def hidden_size(self) -> int:
@@ -276,7 +283,7 @@ class JointEncoder(nn.Module):
         finally:
             self._pass.want_ground = False
         states, self._pass.ground_states = self._pass.ground_states, None
-        return self.itm_head(hidden).squeeze(-1), self.ground_head(states)
+        return self._itm(hidden, texts, image_tokens), self.ground_head(states)
 
     def score_and_route(self, texts: Sequence[str], image_tokens: torch.Tensor):
         """(ITM logits [B], route inputs [B, R, h], valid [B, R]): what the route reads for each of the R relation
@@ -291,7 +298,7 @@ class JointEncoder(nn.Module):
         finally:
             self._pass.want_route = False
             self._pass.route_inputs = self._pass.route_valid = None
-        return self.itm_head(hidden).squeeze(-1), inputs, valid
+        return self._itm(hidden, texts, image_tokens), inputs, valid
 
     def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
         """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
@@ -302,9 +309,40 @@ class JointEncoder(nn.Module):
             hidden = self._text_hidden(input_ids, attention, self._caption_positions(input_ids, attention))
             return self.itm_head(hidden[:, 0][inverse.to(hidden.device)], global_image_vector(image_tokens))
         hidden, _ = self.encode_pairs(texts, image_tokens)
-        return self.itm_head(hidden).squeeze(-1)
+        return self._itm(hidden, texts, image_tokens)
 
     forward = score
+
+    def _itm(self, hidden: torch.Tensor, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
+        """The ITM logits [B] of a pass: the head over the pair's [CLS], plus the word-alignment term when on."""
+        logits = self.itm_head(hidden).squeeze(-1)
+        if self.config.word_alignment:
+            logits = logits + self.alignment_scale * self.word_alignment(texts, image_tokens)
+        return logits
+
+    def content_word_vectors(self, texts: Sequence[str], num_image_tokens: int,
+                             device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Each caption's content words (model/content_words.py, a rule of English), each the mean of its wordpieces'
+        input-embedding rows [B, W, h] (no position or token type embedding), and which of the W slots are words
+        [B, W]."""
+        if self._content_words is None:
+            self._content_words = ContentWords(self.tokenizer)
+        pairs = self._pair_batch(list(texts), num_image_tokens, device)
+        slots = content_word_slots(self._content_words, pairs.input_ids, pairs.text_mask)
+        embedding = self.bert.get_input_embeddings()
+        # One-hot of each caption position's word slot; slot -1 (no content word) falls in column 0, dropped.
+        pieces = F.one_hot(slots + 1, int(slots.max()) + 2)[..., 1:].to(embedding.weight.dtype)
+        count = pieces.sum(1)
+        vecs = torch.einsum("btw,bth->bwh", pieces, embedding(pairs.input_ids)) / count.clamp_min(1)[..., None]
+        return vecs, count > 0
+
+    def word_alignment(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
+        """[B] for pairs (texts[i], image_tokens[i]): the mean over the caption's content words of each word's best
+        cosine over the image's tokens (FILIP's late interaction, on the encoder's own word embeddings)."""
+        vecs, valid = self.content_word_vectors(texts, image_tokens.shape[1], image_tokens.device)
+        best = torch.einsum("iwh,ith->iwt", F.normalize(vecs, dim=-1),
+                            F.normalize(image_tokens.to(vecs.dtype), dim=-1)).amax(-1)
+        return mean_over_words(best, valid)
 
     def mlm_logits(self, texts: Sequence[str], image_tokens: torch.Tensor, mask_prob: float = 0.5,
                    generator: Optional[torch.Generator] = None,

@@ -122,6 +122,11 @@ class JointEncoderConfig:
     # the caption alone; the image enters only as ONE vector, the mean of the adapter's output tokens, fused
     # with the text [CLS] by an MLP over [t, v, t*v, |t-v|]; MLM reads that vector at the LM head only.
     itm_input: Literal["tokens", "global"] = "tokens"
+    # Initial scale g of the word-alignment term added to the ITM logit (0: none): g x the mean over the caption's
+    # content words (a rule of English, no word list) of each word's best cosine over the image tokens, on the
+    # encoder's own input word embeddings (FILIP's late interaction); g is learned. A small encoder from scratch learns
+    # which word is which image token through word alignment long before its ITM head reads it (BENCHMARKS.md).
+    word_alignment: float = 0.0
     # Where image tokens sit in BERT's position table. "after_text": right after the caption, so a token's
     # position id depends on the caption's length; "fixed": image token i always has position
     # max_text_tokens + 2 + i, so a local adapter's cell keeps one position whatever the caption.

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from edje.training.content_masking import ContentWords
+from edje.model.content_words import ContentWords
 
 CAPTIONS = ["a dog sitting to the left of a red bicycle",
             "two apples above a car",

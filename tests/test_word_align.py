@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from conftest import TINY_BERT
+from torch.nn import functional as F
 
 from edje.schemas.token_table import TableMetadata
 from edje.training.batches import TrainBatch
@@ -106,7 +107,7 @@ def test_word_align_trains_the_adapter_and_the_word_embeddings(adapter):
     loss = out["loss_word_align"]
     assert torch.isfinite(loss) and loss.item() > 0 and "word_align_acc" in out
     with torch.no_grad():  # the captions' content words against the positives' adapter tokens, at the given tau
-        vecs, valid = objectives._content_word_vectors(batch.captions, model.encoder.config.num_image_tokens,
+        vecs, valid = model.encoder.content_word_vectors(batch.captions, model.encoder.config.num_image_tokens,
                                                        torch.device("cpu"))
         expected = word_alignment_loss(vecs, valid, model.adapter(batch.tokens), same_image(batch.image_ids), 0.1)
     assert loss.item() == pytest.approx(expected[0].item(), rel=1e-5)
@@ -141,9 +142,8 @@ def test_a_words_vector_is_the_mean_of_its_wordpieces_rows():
     tok = model.encoder.tokenizer
     pieces = tok.tokenize("hexagon")
     assert len(pieces) > 1 and pieces[0] == "he"  # "he" alone is a function word: a piece of hexagon is not
-    objectives = EDJEObjectives(model, ("word_align",), {})
     with torch.no_grad():
-        vecs, valid = objectives._content_word_vectors(["a hexagon to the left of the star", "it is what it is"], 16,
+        vecs, valid = model.encoder.content_word_vectors(["a hexagon to the left of the star", "it is what it is"], 16,
                                                        torch.device("cpu"))
     table = model.encoder.bert.get_input_embeddings().weight.detach()
     rows = table[tok.convert_tokens_to_ids(pieces)]
@@ -152,6 +152,54 @@ def test_a_words_vector_is_the_mean_of_its_wordpieces_rows():
     assert torch.allclose(vecs[0, 0], rows.mean(0), atol=1e-6) and not torch.allclose(vecs[0, 0], rows[0])
     assert torch.allclose(vecs[0, 1], table[tok.convert_tokens_to_ids("left")], atol=1e-6)
     assert torch.allclose(vecs[0, 2], table[tok.convert_tokens_to_ids("star")], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- the encoder's term
+def test_the_alignment_term_adds_g_times_the_word_alignment_to_every_scoring_path():
+    from dataclasses import replace
+
+    from edje.model.edje import EDJEModel
+
+    torch.manual_seed(0)
+    plain = _model().eval()
+    cfg = replace(plain.config, encoder=replace(plain.config.encoder, word_alignment=4.0, relation_roles=True,
+                                                route_layer=1))
+    model = EDJEModel(cfg, load_language_model=False).eval()
+    own = model.state_dict()
+    model.load_state_dict({**{k: v for k, v in plain.state_dict().items()}, **{k: own[k] for k in own
+                                                                                 if k not in plain.state_dict()}})
+    batch, _ = _batch()
+    tokens = model.adapter(batch.tokens)
+    with torch.no_grad():
+        term = model.encoder.word_alignment(batch.captions, tokens)
+        vecs, valid = model.encoder.content_word_vectors(batch.captions, tokens.shape[1], tokens.device)
+        by_hand = torch.stack([torch.stack([F.cosine_similarity(vecs[i, w][None], tokens[i]).max()
+                                            for w in range(int(valid[i].sum()))]).mean() for i in range(3)])
+        torch.testing.assert_close(term, by_hand, atol=1e-5, rtol=0)
+        without = plain.encoder.score(batch.captions, plain.adapter(batch.tokens))
+        torch.testing.assert_close(model.encoder.score(batch.captions, tokens), without + 4.0 * term)
+        torch.testing.assert_close(model.encoder.score_and_route(batch.captions, tokens)[0], without + 4.0 * term)
+    model.encoder.score(batch.captions, tokens).sum().backward()
+    assert model.encoder.alignment_scale.grad is not None and model.encoder.alignment_scale.grad.abs() > 0
+    with pytest.raises(ValueError, match="itm_input 'tokens'"):
+        EDJEModel(replace(cfg, encoder=replace(cfg.encoder, itm_input="global", relation_roles=False, route_layer=0)),
+                  load_language_model=False)
+
+
+def test_an_init_checkpoint_grows_the_alignment_term_with_its_weights_kept(tmp_path):
+    from edje.model.edje import load_checkpoint, save_checkpoint
+    from edje.training.model_init import with_relations
+
+    torch.manual_seed(0)
+    model = _model().eval()
+    save_checkpoint(model, str(tmp_path / "ck"))
+    grown = with_relations(load_checkpoint(str(tmp_path / "ck")), ModelSpec(word_alignment=20.0)).eval()
+    assert grown.config.encoder.word_alignment == 20.0 and grown.encoder.alignment_scale.item() == 20.0
+    batch, _ = _batch()
+    with torch.no_grad():
+        tokens = model.adapter(batch.tokens)
+        torch.testing.assert_close(grown.encoder.score(batch.captions, tokens), model.encoder.score(batch.captions, tokens)
+                                   + 20.0 * grown.encoder.word_alignment(batch.captions, tokens))
 
 
 # ---------------------------------------------------------------------------------------- the config

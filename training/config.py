@@ -124,6 +124,11 @@ class ModelSpec:
                               "P(subject - object) (0: off)")
     ground_layer: int = option(0, group=RELATIONS_GROUP, help="after this many layers, a head regresses grounded "
                                "words' object centres (0: off; the ground objective and --grounding train it)")
+    # JointEncoderConfig.word_alignment
+    word_alignment: float = option(0.0, group=RELATIONS_GROUP, help="add g x the word alignment (the mean over the "
+                                   "caption's content words of each one's best cosine over the image tokens, on the "
+                                   "encoder's input word embeddings) to the ITM logit, g learned from this start (0: "
+                                   "none; the word_align objective teaches the alignment)")
     # JointEncoderConfig.pointer (the pointer objective trains it)
     pointer: bool = option(False, group=RELATIONS_GROUP, help="the pointer: each relation's subject and object "
                            "phrase, from its own words, points at the image cells; its expected cell joins the "
@@ -190,7 +195,7 @@ class TrainJobConfig:
     k: int = option(4, help="hard negatives per sample and direction")
     # MLM masking: "random" = BERT's (mlm_probability of caption wordpieces); "groups" = every word
     # of one attribute group per caption (training/masking.py), so the image must supply the binding;
-    # "content" = one whole content word per caption by a rule of English (training/content_masking.py).
+    # "content" = one whole content word per caption by a rule of English (model/content_words.py).
     mlm_masking: Literal["random", "groups", "content"] = option(
         "random", help="random: BERT's random wordpieces; groups: all words of one attribute group per caption "
         "(colour, shape, size or spatial words), so that only the image can supply the binding; content: every "

@@ -20,12 +20,12 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
+from edje.model.content_words import ContentWords
 from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
 from edje.schemas.annotations import load_grounding
 from edje.schemas.token_table import TableMetadata, vector_matrix
 from edje.training.batches import MirrorLookup, TrainBatch, decode_batch, drop_augmented, gather_batch
 from edje.training.config import TrainJobConfig
-from edje.training.content_masking import ContentWords
 from edje.training.language_model import unpack
 from edje.training.masking import PieceGroups, WordGroups
 from edje.training.mining import MinerConfig

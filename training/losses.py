@@ -7,6 +7,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from edje.model.content_words import best_cosines, mean_over_words
+
 
 def itm_loss(pos_logits: torch.Tensor, neg_image_logits: torch.Tensor, neg_text_logits: torch.Tensor) -> torch.Tensor:
     """Softmax cross-entropy of the positive against its k negative images and, separately, k negative texts."""
@@ -113,10 +115,7 @@ def word_alignment_loss(word_vecs: torch.Tensor, word_valid: torch.Tensor, image
     keep = word_valid.any(1)
     if not bool(keep.any()):
         return word_vecs.sum() * 0.0 + image_tokens.sum() * 0.0, None
-    words, tokens = F.normalize(word_vecs, dim=-1), F.normalize(image_tokens.to(word_vecs.dtype), dim=-1)
-    best = torch.einsum("iwh,jth->iwjt", words, tokens).amax(-1)  # [B, W, B]: each word's best token in each image
-    valid = word_valid.to(best.dtype)
-    sim = (best * valid[..., None]).sum(1) / valid.sum(1).clamp_min(1)[:, None]  # [B, B]
+    sim = mean_over_words(best_cosines(word_vecs, image_tokens), word_valid)  # [B, B]
     b = sim.shape[0]
     own = torch.eye(b, dtype=torch.bool, device=sim.device)
     # Another row's image that is this row's own image is no negative: it leaves the softmax in both directions.

@@ -39,7 +39,7 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
                               query_grid=spec.adapter_query_grid),
         encoder=JointEncoderConfig(tokenizer=lm, bert_config=_plain(bert.to_dict()), max_text_tokens=spec.max_text_tokens,
                                    num_image_tokens=m, text_embed_dim=meta.embed_dim, word_context=spec.word_context,
-                                   itm_input=spec.itm_input, **relation_fields(spec)),
+                                   itm_input=spec.itm_input, **grown_fields(spec)),
     )
 
 
@@ -65,7 +65,7 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
                       encoder=replace(cfg.encoder, tokenizer=enc.tokenizer, language_model=None,
                                       bert_config=enc.bert_config or cfg.encoder.bert_config,
                                       max_text_tokens=enc.max_text_tokens, itm_input=itm_input,
-                                      word_context=enc.word_context, **relation_fields(spec)))
+                                      word_context=enc.word_context, **grown_fields(spec)))
         model = EDJEModel(cfg, load_language_model=False)
         state = source.encoder.state_dict()
         if not cfg.encoder.pointer:  # a student without the pointer (a compressed adapter keeps no cell grid)
@@ -93,14 +93,15 @@ def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[
     return model.train()
 
 
-RELATION_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_layer", "pointer")
+# Encoder options that also grow an --init checkpoint (with_relations): the relation parts and the word-alignment term.
+GROWN_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_layer", "pointer", "word_alignment")
 
 
-def relation_fields(spec: ModelSpec) -> dict:
-    """The spec's relation options, as JointEncoderConfig fields (with the role parse's word list when roles are on
+def grown_fields(spec: ModelSpec) -> dict:
+    """The spec's relation options and word-alignment term, as JointEncoderConfig fields (with the role parse's word list when roles are on
     and the diagnostic vocabulary parse is asked for)."""
     vocabulary = spec.relation_roles and spec.role_parse == "vocabulary"
-    return {**{f: getattr(spec, f) for f in RELATION_FIELDS}, **_role_vocabulary(vocabulary)}
+    return {**{f: getattr(spec, f) for f in GROWN_FIELDS}, **_role_vocabulary(vocabulary)}
 
 
 def _role_vocabulary(relation_roles: bool) -> dict:
@@ -114,12 +115,13 @@ def _role_vocabulary(relation_roles: bool) -> dict:
 
 
 def with_relations(model: EDJEModel, spec: ModelSpec) -> EDJEModel:
-    """`model` with the relation options the spec turns on that it lacks (and 2-D positions on its adapter's
-    input): its weights kept, each new part at 0 (the position table at its usual gain of 1, about a tenth of a
+    """`model` with the relation options and the word-alignment term the spec turns on that it lacks (and 2-D
+    positions on its adapter's input): its weights kept, each new part at 0 (the alignment's scale at the spec's
+    start; the position table at its usual gain of 1, about a tenth of a
     ViT token's norm: at 0 a scalar gain would take thousands of steps to matter; the pointer's map of x_hat at
     its random start). Options the spec leaves at their defaults keep the checkpoint's."""
     default = ModelSpec()
-    asked = {f: getattr(spec, f) for f in RELATION_FIELDS if getattr(spec, f) != getattr(default, f)}
+    asked = {f: getattr(spec, f) for f in GROWN_FIELDS if getattr(spec, f) != getattr(default, f)}
     had_roles = model.config.encoder.relation_roles
     if spec.role_parse == "vocabulary":
         asked.update(_role_vocabulary(True))
@@ -160,7 +162,7 @@ def seed_image_positions(model: EDJEModel) -> None:
 def _with_new_parts(module, state: dict) -> dict:
     """`state` completed with the module's own (zero or fresh) weights of parts the state lacks: the relation
     modules and adapter position a warm start adds, so a strict load still names every other missing key."""
-    new = ("role_embedding.", "route.", "ground_head.", "position.gain", "pointer.")
+    new = ("role_embedding.", "route.", "ground_head.", "position.gain", "pointer.", "alignment_scale")
     own = module.state_dict()
     return {**{k: v for k, v in own.items() if k not in state and any(p in k for p in new)}, **state}
 

@@ -29,8 +29,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from edje.model.content_words import FUNCTION_WORDS
 from edje.training.caption_rewrites import OPPOSITES, UNPAIRED
-from edje.training.content_masking import FUNCTION_WORDS
 
 # Closed classes of English besides the function words: numerals, and spatial words with no opposite (a slot is a
 # thing, never where it is or how many).

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from edje.model.content_words import ContentWords
 from edje.model.edje import EDJEModel
 from edje.training.batches import TrainBatch
 from edje.training.caption_rewrites import (
@@ -37,7 +38,6 @@ from edje.training.caption_rewrites import (
     flip_axis,
     flip_relations,
 )
-from edje.training.content_masking import ContentWords
 from edje.training.losses import (
     distillation_loss,
     flip_square_loss,
@@ -89,7 +89,7 @@ class EDJEObjectives(nn.Module):
         self.objectives = tuple(objectives)
         self.weights = weights
         # Targeted MLM: one attribute group per caption (training/masking.py) or one content word
-        # (training/content_masking.py).
+        # (model/content_words.py).
         self.word_groups = word_groups
         if "ground" in self.objectives and grounding is None:
             raise ValueError("the ground objective needs grounding annotations")
@@ -119,8 +119,6 @@ class EDJEObjectives(nn.Module):
                              "training captions' NounSwaps")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
         self.noun_swaps, self._swap_rng = noun_swaps, np.random.default_rng(seed)
-        # Word alignment reads every content word, whatever the MLM policy masks.
-        self.align_words = ContentWords(model.encoder.tokenizer) if "word_align" in self.objectives else None
         self.align_temperature = align_temperature
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
@@ -208,7 +206,8 @@ class EDJEObjectives(nn.Module):
             out["loss_cell_recovery"] = relative_squared_error(adapter.recover_cells(pos), teacher_pass.cells)
             total = total + self.weights.get("cell_recovery", 1.0) * out["loss_cell_recovery"]
         if "word_align" in self.objectives:
-            word_vecs, word_valid = self._content_word_vectors(batch.captions, pos.shape[1], pos.device)
+            # Every content word, whatever the MLM policy masks.
+            word_vecs, word_valid = encoder.content_word_vectors(batch.captions, pos.shape[1], pos.device)
             out["loss_word_align"], acc = word_alignment_loss(word_vecs, word_valid, pos, same_image(batch.image_ids),
                                                               self.align_temperature)
             if acc is not None:
@@ -282,19 +281,6 @@ class EDJEObjectives(nn.Module):
         out["flip_acc"] = torch.cat(wins).float().mean().detach()
         return out
 
-    def _content_word_vectors(self, captions: Sequence[str], num_image_tokens: int,
-                              device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Each caption's content words, each the mean of its wordpieces' input-embedding rows [B, W, h] (the encoder's
-        own tokenisation), and which of the W slots are words [B, W]."""
-        pairs = self.model.encoder.tokenize_pairs(list(captions), num_image_tokens)
-        slots = content_word_slots(self.align_words, pairs.input_ids, pairs.text_mask)
-        embedding = self.model.encoder.bert.get_input_embeddings()
-        # One-hot of each caption position's word slot; slot -1 (no content word) falls in column 0, dropped.
-        pieces = F.one_hot(slots + 1, int(slots.max()) + 2)[..., 1:].to(device, embedding.weight.dtype)
-        emb = embedding(pairs.input_ids.to(device))  # word rows alone: no position or token type embedding
-        count = pieces.sum(1)
-        return torch.einsum("btw,bth->bwh", pieces, emb) / count.clamp_min(1)[..., None], count > 0
-
     def _ground_loss(self, batch: TrainBatch, centres: torch.Tensor) -> torch.Tensor:
         """Mean squared error (x10, centred coordinates) of grounded words' predicted object centres; 0 without any."""
         rows, cols, targets = [], [], []
@@ -320,16 +306,6 @@ class EDJEObjectives(nn.Module):
                 keep = words < len(starts)
                 self._positions[key] = [starts[w] for w in words[keep]], rows[keep, 1:]
         return self._positions[key]
-
-
-def content_word_slots(words: ContentWords, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] the slot (0, 1, ... in caption order) of the content word each caption position belongs to; -1 elsewhere."""
-    word, start = words.content_words(input_ids, text_mask)
-    rank = torch.cumsum(start.long(), 1) - 1
-    # A word's index (word, 1..) to its slot, read back at every piece of the word.
-    slot_of_word = torch.full((word.shape[0], word.shape[1] + 1), -1, dtype=torch.long)
-    slot_of_word.scatter_(1, torch.where(start, word, 0), torch.where(start, rank, -1))
-    return slot_of_word.gather(1, word)  # word 0, outside the caption, reads -1
 
 
 def same_image(image_ids: Sequence[str]) -> torch.Tensor:

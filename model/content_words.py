@@ -1,6 +1,8 @@
-"""The `content` MLM masking policy: all wordpieces of one content word per caption, by a rule of English.
+"""Content words of a caption by a rule of English, in a tokenizer's wordpieces: what the `content` MLM policy masks,
+what word alignment matches to image tokens, and what the encoder's alignment term reads.
 
-Random masking hides half the wordpieces, so most masked words are guessed from the caption's grammar. Hiding one
+The `content` MLM masking policy hides all wordpieces of one content word per caption. Random masking hides half the
+wordpieces, so most masked words are guessed from the caption's grammar. Hiding one
 whole content word (a noun, an adjective, a number, a verb, a spatial word) and nothing else leaves the sentence
 around it: what fills the gap is something only the image says (which thing, what size, how many, which side).
 Content words are every word outside a closed class of English function words (articles, pronouns, auxiliaries,
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.nn import functional as F
 
 # The closed classes of English: a language's grammar words, not its vocabulary. Spatial words ("left", "above",
 # "under", "between", "near") and numerals stay content: a caption's layout and counts are what the image must
@@ -66,3 +69,25 @@ class ContentWords:
         """Share of masked content-word pieces predicted exactly (argmax over the whole vocabulary)."""
         keep = labels != -100
         return (logits[keep].argmax(-1) == labels[keep]).float().mean() if keep.any() else logits.new_zeros(())
+
+
+def content_word_slots(words: ContentWords, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] the slot (0, 1, ... in caption order) of the content word each caption position belongs to; -1 elsewhere."""
+    word, start = words.content_words(input_ids, text_mask)
+    rank = torch.cumsum(start.long(), 1) - 1
+    # A word's index (word, 1..) to its slot, read back at every piece of the word.
+    slot_of_word = torch.full((word.shape[0], word.shape[1] + 1), -1, dtype=torch.long, device=word.device)
+    slot_of_word.scatter_(1, torch.where(start, word, 0), torch.where(start, rank, -1))
+    return slot_of_word.gather(1, word)  # word 0, outside the caption, reads -1
+
+
+def best_cosines(word_vecs: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
+    """[B, W, B'] each caption word's best cosine over each image's tokens (word_vecs [B, W, h], tokens [B', n, h])."""
+    words, tokens = F.normalize(word_vecs, dim=-1), F.normalize(image_tokens.to(word_vecs.dtype), dim=-1)
+    return torch.einsum("iwh,jth->iwjt", words, tokens).amax(-1)
+
+
+def mean_over_words(best: torch.Tensor, word_valid: torch.Tensor) -> torch.Tensor:
+    """The mean over each caption's valid words (word_valid [B, W]) of `best` [B, W, ...]; 0 for a caption without."""
+    valid = word_valid.to(best.dtype).reshape(*word_valid.shape, *([1] * (best.dim() - 2)))
+    return (best * valid).sum(1) / valid.sum(1).clamp_min(1)
