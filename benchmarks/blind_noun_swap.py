@@ -11,7 +11,6 @@ carries no shortcut in its wording that a model could learn without looking at t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -19,7 +18,7 @@ from collections import Counter
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from blind_prior import records_of
+from blind_prior import family_accuracy, records_of, win, world_options
 
 from edje.training.noun_swaps import NounSwaps, noun_slots, swap_noun
 
@@ -89,28 +88,14 @@ def held_out(records, rule: str, rounds: int = 1000) -> dict:
             s = swap(c, rng)
             if s is None:
                 continue
-            t, f = table.score(c), table.score(s)
-            hits.append(1.0 if t > f + 1e-12 else 0.5 if abs(t - f) <= 1e-12 else 0.0)
+            hits.append(win(table.score(c), table.score(s)))
             fams.append(r.family_id)
-    ids, inv = np.unique(np.asarray(fams), return_inverse=True)
-    sums = np.bincount(inv, weights=np.asarray(hits), minlength=len(ids))
-    counts = np.bincount(inv, minlength=len(ids))
-    draw = np.random.default_rng(0).integers(0, len(ids), size=(rounds, len(ids)))
-    means = sums[draw].sum(1) / counts[draw].sum(1)
     n_val = sum(len(r.captions) for r in records if r.split == "val")
-    return {"acc": round(100 * float(np.mean(hits)), 2),
-            "ci95": [round(100 * float(np.percentile(means, q)), 1) for q in (2.5, 97.5)],
-            "n": len(hits), "swapped": round(100 * len(hits) / n_val, 1), "families": len(ids)}
+    return {**family_accuracy(hits, fams, rounds), "swapped": round(100 * len(hits) / n_val, 1)}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--world", choices=("shapes", "open"), default="open")
-    ap.add_argument("--seed", type=int, default=100)
-    ap.add_argument("--n-train", type=int, default=4000)
-    ap.add_argument("--n-val", type=int, default=1000)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args(argv)
+    args = world_options(__doc__.split("\n")[0], "open").parse_args(argv)
     recs = records_of(args.world, args.seed, args.n_train, args.n_val)
     out = {"world": args.world, "seed": args.seed}
     for rule in ("context", "free"):

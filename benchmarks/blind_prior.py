@@ -120,10 +120,17 @@ def accuracy(pairs: Sequence[tuple], families: Sequence[int], table: Table, kind
     families (their members share words)."""
     if not pairs:
         raise ValueError("no pairs to score")
-    hits = []
-    for true, flipped in pairs:
-        s, t = table.score(true, kind), table.score(flipped, kind)
-        hits.append(1.0 if s > t + 1e-12 else 0.5 if abs(s - t) <= 1e-12 else 0.0)
+    return family_accuracy([win(table.score(true, kind), table.score(flipped, kind)) for true, flipped in pairs],
+                           families, rounds)
+
+
+def win(true_score: float, other_score: float) -> float:
+    """1 when the true side scores higher, 1/2 on a tie, else 0."""
+    return 1.0 if true_score > other_score + 1e-12 else 0.5 if abs(true_score - other_score) <= 1e-12 else 0.0
+
+
+def family_accuracy(hits: Sequence[float], families: Sequence[int], rounds: int = 1000) -> dict:
+    """Mean of the pairs' hits, with a 95% interval that resamples whole families (their members share words)."""
     ids, inv = np.unique(np.asarray(families), return_inverse=True)
     sums = np.bincount(inv, weights=np.asarray(hits), minlength=len(ids))
     counts = np.bincount(inv, minlength=len(ids))
@@ -169,14 +176,19 @@ def records_of(world: str, seed: int, n_train: int, n_val: int):
     return sample_records(config)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--world", choices=("shapes", "open"), default="shapes")
+def world_options(description: str, world: str) -> argparse.ArgumentParser:
+    """The blind checks' command line: which world's records (default ``world``), and where to write the JSON."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--world", choices=("shapes", "open"), default=world)
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--n-train", type=int, default=4000)
     ap.add_argument("--n-val", type=int, default=1000)
     ap.add_argument("--json", default="")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = world_options(__doc__.split("\n")[0], "shapes").parse_args(argv)
     recs = records_of(args.world, args.seed, args.n_train, args.n_val)
     out = {"world": args.world, "seed": args.seed}
     for kind in ("seq", "bag"):

@@ -81,10 +81,11 @@ def content_word_slots(words: ContentWords, input_ids: torch.Tensor, text_mask: 
     return slot_of_word.gather(1, word)  # word 0, outside the caption, reads -1
 
 
-def best_cosines(word_vecs: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
-    """[B, W, B'] each caption word's best cosine over each image's tokens (word_vecs [B, W, h], tokens [B', n, h])."""
+def best_cosines(word_vecs: torch.Tensor, image_tokens: torch.Tensor, paired: bool = False) -> torch.Tensor:
+    """Each caption word's best cosine over an image's tokens (word_vecs [B, W, h], tokens [B', n, h]): over every
+    image, [B, W, B']; paired (B' == B), over its own image alone, [B, W]."""
     words, tokens = F.normalize(word_vecs, dim=-1), F.normalize(image_tokens.to(word_vecs.dtype), dim=-1)
-    return torch.einsum("iwh,jth->iwjt", words, tokens).amax(-1)
+    return torch.einsum("iwh,ith->iwt" if paired else "iwh,jth->iwjt", words, tokens).amax(-1)
 
 
 def mean_over_words(best: torch.Tensor, word_valid: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, PreTrainedT
 from transformers.models.bert.modeling_bert import BertPooler
 
 from edje.model import wordpieces
-from edje.model.content_words import ContentWords, content_word_slots, mean_over_words
+from edje.model.content_words import ContentWords, best_cosines, content_word_slots, mean_over_words
 from edje.model.pointer import Pointer
 from edje.model.relation_roles import MAX_RELATIONS, NUM_ROLES, mention_roles, role_matrix, word_starts
 from edje.schemas.config import JointEncoderConfig
@@ -279,11 +279,11 @@ class JointEncoder(nn.Module):
             raise ValueError("this joint encoder has no grounding head (ground_layer=0)")
         self._pass.want_ground = True
         try:
-            hidden, _ = self.encode_pairs(texts, image_tokens)
+            hidden, batch = self.encode_pairs(texts, image_tokens)
         finally:
             self._pass.want_ground = False
         states, self._pass.ground_states = self._pass.ground_states, None
-        return self._itm(hidden, texts, image_tokens), self.ground_head(states)
+        return self._itm(hidden, batch, image_tokens), self.ground_head(states)
 
     def score_and_route(self, texts: Sequence[str], image_tokens: torch.Tensor):
         """(ITM logits [B], route inputs [B, R, h], valid [B, R]): what the route reads for each of the R relation
@@ -293,12 +293,12 @@ class JointEncoder(nn.Module):
             raise ValueError("this joint encoder has no route (route_layer=0)")
         self._pass.want_route = True
         try:
-            hidden, _ = self.encode_pairs(texts, image_tokens)
+            hidden, batch = self.encode_pairs(texts, image_tokens)
             inputs, valid = self._pass.route_inputs, self._pass.route_valid
         finally:
             self._pass.want_route = False
             self._pass.route_inputs = self._pass.route_valid = None
-        return self._itm(hidden, texts, image_tokens), inputs, valid
+        return self._itm(hidden, batch, image_tokens), inputs, valid
 
     def score(self, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
         """ITM logits [B] for pairs (texts[i], image_tokens[i]); the one scoring path."""
@@ -308,16 +308,18 @@ class JointEncoder(nn.Module):
             input_ids, attention, inverse = self._text_inputs(texts, image_tokens.device, per_pair=False)
             hidden = self._text_hidden(input_ids, attention, self._caption_positions(input_ids, attention))
             return self.itm_head(hidden[:, 0][inverse.to(hidden.device)], global_image_vector(image_tokens))
-        hidden, _ = self.encode_pairs(texts, image_tokens)
-        return self._itm(hidden, texts, image_tokens)
+        hidden, batch = self.encode_pairs(texts, image_tokens)
+        return self._itm(hidden, batch, image_tokens)
 
     forward = score
 
-    def _itm(self, hidden: torch.Tensor, texts: Sequence[str], image_tokens: torch.Tensor) -> torch.Tensor:
-        """The ITM logits [B] of a pass: the head over the pair's [CLS], plus the word-alignment term when on."""
+    def _itm(self, hidden: torch.Tensor, batch: PairBatch, image_tokens: torch.Tensor) -> torch.Tensor:
+        """The ITM logits [B] of a pass: the head over the pair's [CLS], plus the word-alignment term (read from the
+        pass's own layout) when on."""
         logits = self.itm_head(hidden).squeeze(-1)
         if self.config.word_alignment:
-            logits = logits + self.alignment_scale * self.word_alignment(texts, image_tokens)
+            vecs, valid = self._word_vectors(batch)
+            logits = logits + self.alignment_scale * mean_over_words(best_cosines(vecs, image_tokens, paired=True), valid)
         return logits
 
     def content_word_vectors(self, texts: Sequence[str], num_image_tokens: int,
@@ -325,9 +327,12 @@ class JointEncoder(nn.Module):
         """Each caption's content words (model/content_words.py, a rule of English), each the mean of its wordpieces'
         input-embedding rows [B, W, h] (no position or token type embedding), and which of the W slots are words
         [B, W]."""
+        return self._word_vectors(self._pair_batch(list(texts), num_image_tokens, device))
+
+    def _word_vectors(self, pairs: PairBatch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`content_word_vectors` of a laid-out batch."""
         if self._content_words is None:
             self._content_words = ContentWords(self.tokenizer)
-        pairs = self._pair_batch(list(texts), num_image_tokens, device)
         slots = content_word_slots(self._content_words, pairs.input_ids, pairs.text_mask)
         embedding = self.bert.get_input_embeddings()
         # One-hot of each caption position's word slot; slot -1 (no content word) falls in column 0, dropped.
@@ -340,9 +345,7 @@ class JointEncoder(nn.Module):
         """[B] for pairs (texts[i], image_tokens[i]): the mean over the caption's content words of each word's best
         cosine over the image's tokens (FILIP's late interaction, on the encoder's own word embeddings)."""
         vecs, valid = self.content_word_vectors(texts, image_tokens.shape[1], image_tokens.device)
-        best = torch.einsum("iwh,ith->iwt", F.normalize(vecs, dim=-1),
-                            F.normalize(image_tokens.to(vecs.dtype), dim=-1)).amax(-1)
-        return mean_over_words(best, valid)
+        return mean_over_words(best_cosines(vecs, image_tokens, paired=True), valid)
 
     def mlm_logits(self, texts: Sequence[str], image_tokens: torch.Tensor, mask_prob: float = 0.5,
                    generator: Optional[torch.Generator] = None,

@@ -31,14 +31,19 @@ def test_shipped_cards_match_their_configs(folder):
     assert "Relation twins" in text if "- Relations: none" in text else "relation twins, same side" in text
 
 
+def _write_metrics(path, first, reranked, within, kinds):
+    """A metrics.json as jobs/evaluate.py writes it, both directions alike; kinds: twin kind -> reranked accuracy."""
+    by_kind = {k: {"accuracy": v, "pairs": 10} for k, v in kinds.items()}
+    metrics = {d: {"first_stage": {"r1": first}, "reranked": {"r1": reranked},
+                   "within_family": {"first_stage": {"accuracy": within[0]}, "reranked": {"accuracy": within[1]},
+                                     "by_kind": {"reranked": by_kind}}} for d in ("t2i", "i2t")}
+    path.write_text(json.dumps(metrics))
+
+
 def test_an_evaluation_is_recorded_and_shown(tmp_path):
     ckpt = tmp_path / "ck"
     shutil.copytree(SHIPPED[0], ckpt)
-    kinds = {"colour": {"accuracy": 99.0, "pairs": 10}, "relation": {"accuracy": 50.5, "pairs": 10}}
-    metrics = {d: {"first_stage": {"r1": 23.0}, "reranked": {"r1": 67.2},
-                   "within_family": {"first_stage": {"accuracy": 25.0}, "reranked": {"accuracy": 70.5},
-                                     "by_kind": {"reranked": kinds}}} for d in ("t2i", "i2t")}
-    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    _write_metrics(tmp_path / "m.json", 23.0, 67.2, (25.0, 70.5), {"colour": 99.0, "relation": 50.5})
     main([str(ckpt), "--add-eval", f"seed 913={tmp_path / 'm.json'}", "--eval-command", "jobs/quickstart.py --seed 913"])
     text = (ckpt / "README.md").read_text()
     assert "| seed 913 | 23.0 -> **67.2** |" in text and "99 / - / - / 50.5" in text
@@ -80,11 +85,7 @@ def test_an_open_world_card_shows_that_worlds_twin_kinds_and_pictures(tmp_path):
     config["config"]["backbone"]["name"] = "edje-tiny-convvit-128"  # the open world's shipped backbone
     config["config"]["adapter"]["query_grid"] = 0.5
     (ckpt / "config.json").write_text(json.dumps(config))
-    kinds = {"noun": {"accuracy": 91.0, "pairs": 10}, "facing": {"accuracy": 60.0, "pairs": 10}}
-    metrics = {d: {"first_stage": {"r1": 30.0}, "reranked": {"r1": 40.0},
-                   "within_family": {"first_stage": {"accuracy": 50.0}, "reranked": {"accuracy": 60.0},
-                                     "by_kind": {"reranked": kinds}}} for d in ("t2i", "i2t")}
-    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    _write_metrics(tmp_path / "m.json", 30.0, 40.0, (50.0, 60.0), {"noun": 91.0, "facing": 60.0})
     main([str(ckpt), "--add-eval", f"seed 1={tmp_path / 'm.json'}", "--eval-command", "jobs/quickstart.py --world open"])
     text = (ckpt / "README.md").read_text()
     assert "T2I twins: size / facing / count / relation / noun |" in text and "- / 60 / - / - / 91 |" in text

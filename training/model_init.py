@@ -98,8 +98,8 @@ GROWN_FIELDS = ("image_positions", "relation_roles", "route_layer", "ground_laye
 
 
 def grown_fields(spec: ModelSpec) -> dict:
-    """The spec's relation options and word-alignment term, as JointEncoderConfig fields (with the role parse's word list when roles are on
-    and the diagnostic vocabulary parse is asked for)."""
+    """The spec's relation options and word-alignment term, as JointEncoderConfig fields (with the role parse's word
+    list when roles are on and the diagnostic vocabulary parse is asked for)."""
     vocabulary = spec.relation_roles and spec.role_parse == "vocabulary"
     return {**{f: getattr(spec, f) for f in GROWN_FIELDS}, **_role_vocabulary(vocabulary)}
 
