@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from edje.sampleworld import generate
 from edje.sampleworld.open_scene import OpenScene
@@ -101,3 +102,24 @@ def test_the_shapes_caption_levers_are_refused_on_an_open_world(world, tmp_path)
     with pytest.raises(ValueError, match="is an open world: the shape- and colour-only caption rates"):
         train_backbone(cfg, log=lambda s: None)
     assert not (tmp_path / "runs" / "levers").exists()
+
+
+def test_a_run_from_init_starts_from_those_weights(world, tmp_path):
+    torch.set_num_threads(1)
+    quiet = lambda s: None
+    base = _config(world, tmp_path, "base", epochs=1, storage_path=None)
+    train_backbone(base, log=quiet)
+    # At lr 0 the weights never move (AdamW's decay scales with lr): every trained tensor is the init's, bit for bit;
+    # only BatchNorm's running statistics follow the batches.
+    frozen = _config(world, tmp_path, "frozen", epochs=1, lr=0.0, init=base.output, storage_path=None)
+    train_backbone(frozen, log=quiet)
+    fresh = _config(world, tmp_path, "fresh", epochs=1, lr=0.0, storage_path=None)
+    train_backbone(fresh, log=quiet)
+    a, b, c = (load_file(cfg.output) for cfg in (base, frozen, fresh))
+    trained = [k for k in a if "running_" not in k and "num_batches" not in k]
+    assert len(trained) > 20 and all(torch.equal(a[k], b[k]) for k in trained)
+    assert not all(torch.equal(a[k], c[k]) for k in trained)
+    assert json.loads((tmp_path / "frozen.json").read_text())["config"]["init"] == base.output
+    with pytest.raises(ValueError, match="holds weights of edje-tiny-convvit, not edje-tiny-convvit-128"):
+        train_backbone(replace(frozen, model="edje-tiny-convvit-128", output=str(tmp_path / "other.safetensors")),
+                       log=quiet)

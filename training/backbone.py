@@ -20,7 +20,8 @@ import numpy as np
 import open_clip
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 import edje.model.backbone  # noqa: F401  registers the project's open_clip configs
 from edje.model.image_decode import load_image_files
@@ -42,6 +43,8 @@ class BackboneTrainConfig:
     output: str = option(required=True, help="output .safetensors path (a .json record is written beside it)")
     eval_annotations: Optional[str] = option(None, flag="--eval", help="annotation JSON to report zero-shot recall on")
     model: str = option("edje-tiny-convvit", help="open_clip model name (model/configs/*.json)")
+    init: Optional[str] = option(None, help="start from this backbone checkpoint (.safetensors of the same --model): "
+                                 "more epochs on more data, or a fine-tune (a resumed run's own checkpoint wins)")
     epochs: int = option(12)
     batch_size: int = option(256)
     lr: float = option(1e-3)
@@ -139,13 +142,22 @@ def load_training_state(folder: Path, cfg: BackboneTrainConfig) -> Optional[Dict
     return state
 
 
-def preprocess(clip: torch.nn.Module, images_u8: np.ndarray) -> torch.Tensor:
-    """uint8 [N, S, S, 3] -> normalised float [N, 3, S, S] with the model's own mean/std."""
+def preprocess(clip: torch.nn.Module, images_u8) -> torch.Tensor:
+    """uint8 [N, S, S, 3] (array or tensor) -> normalised float [N, 3, S, S] with the model's own mean/std."""
     pp = open_clip.get_model_preprocess_cfg(clip)
-    mean = torch.tensor(pp.get("mean", open_clip.OPENAI_DATASET_MEAN)).view(1, 3, 1, 1)
-    std = torch.tensor(pp.get("std", open_clip.OPENAI_DATASET_STD)).view(1, 3, 1, 1)
-    x = torch.from_numpy(images_u8).permute(0, 3, 1, 2).float().div_(255.0)
+    x = torch.as_tensor(images_u8).permute(0, 3, 1, 2).float().div_(255.0)
+    mean = torch.tensor(pp.get("mean", open_clip.OPENAI_DATASET_MEAN), device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(pp.get("std", open_clip.OPENAI_DATASET_STD), device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
+
+
+def load_init(clip: torch.nn.Module, path: str, model: str) -> None:
+    """Load a backbone checkpoint's weights into ``clip`` (ValueError when it was written for another model)."""
+    with safe_open(path, framework="pt") as f:
+        written_for = (f.metadata() or {}).get("model")
+    if written_for is not None and written_for != model:
+        raise ValueError(f"{path} holds weights of {written_for}, not {model}")
+    clip.load_state_dict({k: v.float() for k, v in load_file(path).items()})
 
 
 def image_size(clip: torch.nn.Module) -> int:
@@ -156,12 +168,12 @@ def image_size(clip: torch.nn.Module) -> int:
 
 @torch.no_grad()
 def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images: torch.Tensor, batch: int = 512) -> Dict:
-    """T2I and I2T R@1/5/10 of the model's own embeddings on an annotation set."""
+    """T2I and I2T R@1/5/10 of the model's own embeddings on an annotation set (``images``: uint8 [N, S, S, 3])."""
     clip.eval()
-    img = torch.cat([F.normalize(clip.encode_image(images[i:i + batch]), dim=-1) for i in range(0, len(images), batch)])
+    img = image_embeddings(clip, images, batch)
     txt = torch.cat([F.normalize(clip.encode_text(tokenizer(ann.captions[i:i + batch]).to(images.device)), dim=-1)
                      for i in range(0, len(ann.captions), batch)])
-    return embedding_recall(txt.cpu().numpy(), img.cpu().numpy(), ann.caption_image)
+    return embedding_recall(txt.cpu().numpy(), img, ann.caption_image)
 
 
 def caption_rates(cfg: BackboneTrainConfig, epoch: int) -> tuple:
@@ -229,9 +241,9 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 @torch.no_grad()
 def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 512) -> np.ndarray:
-    """Normalised image embeddings of preprocessed images, in eval mode (for neighbour batches)."""
+    """Normalised image embeddings of uint8 images [N, S, S, 3], in eval mode."""
     clip.eval()
-    return torch.cat([F.normalize(clip.encode_image(images[i:i + batch]), dim=-1)
+    return torch.cat([F.normalize(clip.encode_image(preprocess(clip, images[i:i + batch])), dim=-1)
                       for i in range(0, len(images), batch)]).cpu().numpy()
 
 
@@ -246,7 +258,10 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     tokenizer = open_clip.get_tokenizer(cfg.model)
     size = image_size(clip)
     train = load_annotations(cfg.train_annotations)
-    images = preprocess(clip, load_image_files(train.image_paths, size)).to(device)
+    if cfg.init:
+        load_init(clip, cfg.init, cfg.model)
+    # Pixels stay uint8 until a batch needs them: a quarter of the memory of a preprocessed float copy.
+    images = torch.from_numpy(load_image_files(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions).to(device)
     per_image = train.image_to_captions()
@@ -265,7 +280,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
-        evaluation = (ev, preprocess(clip, load_image_files(ev.image_paths, size)).to(device))
+        evaluation = (ev, torch.from_numpy(load_image_files(ev.image_paths, size)).to(device))
     steps_per_epoch = math.ceil(train.num_images / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     decay = [p for n, p in clip.named_parameters() if p.ndim >= 2 and "embedding" not in n]
@@ -325,7 +340,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             shape_rows = colour_rows = None
             if sum(partial_rates[epoch]) > 0:
                 ids, shape_rows, colour_rows = partial_captions(ids, idx, partial_rates[epoch], scenes, tokenizer, rng)
-            img = F.normalize(clip.encode_image(images[idx]), dim=-1)
+            img = F.normalize(clip.encode_image(preprocess(clip, images[idx])), dim=-1)
             txt = F.normalize(clip.encode_text(ids), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
             eye = torch.eye(len(idx), dtype=torch.bool, device=device)
