@@ -85,8 +85,11 @@ def card_data(name: str, meta: Dict) -> ModelCardData:
             metrics = [("recall@1 reranked", fig["reranked_r1"]), ("recall@1 first stage", fig["first_stage_r1"])]
             if fig.get("within_family") is not None:
                 metrics.append(("within-family accuracy", fig["within_family"]))
+            # The label is also the dataset's config: the hub groups results by task, dataset type and config, so
+            # without it every evaluation's figures would sit under the first one's dataset name.
             results += [EvalResult(task_type=task.replace(" ", "-"), task_name=task, dataset_type=SAMPLE_WORLD,
-                                   dataset_name=f"EDJE sample world, {e['label']}", metric_type=kind.replace(" ", "_"),
+                                   dataset_name=f"EDJE sample world, {e['label']}", dataset_config=e["label"],
+                                   metric_type=kind.replace(" ", "_"),
                                    metric_name=kind, metric_value=value) for kind, value in metrics]
     enc = meta["config"]["encoder"]
     base = meta.get("base_model") or (enc.get("language_model") or None)
