@@ -32,6 +32,7 @@ from edje.sampleworld.scene import Scene
 from edje.schemas.annotations import Annotations, load_annotations
 from edje.schemas.cli_options import option
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
+from edje.training.mirror_pairs import add_mirrors, mirror_pair_mask, mirror_rows, mirrored_captions
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class BackboneTrainConfig:
                                                      "--shape-caption-rate; default: constant)")
     colour_caption_rate: float = option(0.0, help="share of captions replaced by training-only ones naming only the "
                                         "colours (needs --world)")
+    # training/mirror_pairs.py: the mirror and its reversed caption are a hard negative of the original on facing and
+    # sides, which a world's family mask (--world) would otherwise never show the contrastive loss.
+    mirror_fraction: float = option(0.0, help="share of each batch added again mirrored left-right with the caption's "
+                                    "horizontal words reversed (left-facing <-> right-facing), as the original's hard "
+                                    "negative; only images whose caption has a horizontal word")
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
     device: Optional[str] = option(None, cli_default="auto",
@@ -94,6 +100,12 @@ class BackboneTrainConfig:
     def __post_init__(self):
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if not 0.0 <= self.mirror_fraction <= 1.0:
+            raise ValueError(f"mirror_fraction must be in [0, 1], got {self.mirror_fraction}")
+        if self.mirror_fraction > 0 and (self.shape_caption_rate or self.colour_caption_rate
+                                         or self.shape_caption_rate_end):
+            raise ValueError("mirror pairs and the shape- or colour-only captions do not combine: a partial caption "
+                             "has no mirrored form")
 
 
 # What a resumed run may change: where it writes and what it evaluates, never what it trains on or how.
@@ -264,6 +276,10 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     images = torch.from_numpy(load_image_files(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions).to(device)
+    mirror_ids = mirrorable = None
+    if cfg.mirror_fraction > 0:
+        flipped, mirrorable = mirrored_captions(train.captions)
+        mirror_ids = tokenizer(flipped).to(device)
     per_image = train.image_to_captions()
     groups = scenes = None
     partial_rates = [caption_rates(cfg, e) for e in range(cfg.epochs)]  # checks every epoch's rates up front
@@ -340,20 +356,28 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             shape_rows = colour_rows = None
             if sum(partial_rates[epoch]) > 0:
                 ids, shape_rows, colour_rows = partial_captions(ids, idx, partial_rates[epoch], scenes, tokenizer, rng)
-            img = F.normalize(clip.encode_image(preprocess(clip, images[idx])), dim=-1)
+            pixels, captions = images[idx], [train.captions[j] for j in caption_pick[idx]]
+            source = torch.arange(len(idx), device=device)  # each row's row among the batch's originals
+            if mirror_ids is not None:
+                again = mirror_rows(mirrorable[caption_pick[idx]], cfg.mirror_fraction, rng)
+                pixels, ids, captions, source = add_mirrors(pixels, ids, captions, again,
+                                                            mirror_ids[caption_pick[idx[again]]])
+            img = F.normalize(clip.encode_image(preprocess(clip, pixels)), dim=-1)
             txt = F.normalize(clip.encode_text(ids), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
-            eye = torch.eye(len(idx), dtype=torch.bool, device=device)
+            eye = torch.eye(len(source), dtype=torch.bool, device=device)
             positive = eye.clone()
             if shape_rows is not None:  # a shape (colour) caption fits every image with its shape (colour) set
                 for rows, sets in ((shape_rows, shape_sets), (colour_rows, colour_sets)):
                     positive |= rows[:, None] & (sets[tidx][:, None] == sets[tidx][None, :])
+            # An image and its mirror are each other's negatives even where a mask below would hide them.
+            keep = positive | mirror_pair_mask(source)
             if cfg.mask_same_words:
-                same = torch.from_numpy(same_words_mask([train.captions[j] for j in caption_pick[idx]])).to(device)
-                logits = logits.masked_fill(same & ~positive, float("-inf"))
+                same = torch.from_numpy(same_words_mask(captions)).to(device)
+                logits = logits.masked_fill(same & ~keep, float("-inf"))
             if groups is not None:
-                g = groups[tidx]
-                logits = logits.masked_fill((g[:, None] == g[None, :]) & ~positive, float("-inf"))
+                g = groups[tidx][source]
+                logits = logits.masked_fill((g[:, None] == g[None, :]) & ~keep, float("-inf"))
             target = positive.float()
             loss = (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.T, target.T)) / 2
             opt.zero_grad(set_to_none=True)
@@ -364,7 +388,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 clip.logit_scale.clamp_(0, math.log(100))
             losses.append(loss.item())
             step += 1
-            seen += len(idx)
+            seen += len(source)
             if folder and step % cfg.checkpoint_every == 0:
                 if b < len(batches):
                     checkpoint(epoch, b, plan, losses)
