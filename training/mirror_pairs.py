@@ -18,7 +18,8 @@ from edje.training.caption_rewrites import HORIZONTAL, flip_axis
 
 
 def mirrored_captions(captions: Sequence[str]) -> Tuple[list, np.ndarray]:
-    """(each caption as a left-right mirror of its image makes it true, bool [N]: it has a horizontal word)."""
+    """Each caption as it reads for its image mirrored left-right (unchanged where it has no horizontal word), and
+    bool [N]: whether it has one."""
     flipped = [flip_axis(c, HORIZONTAL) for c in captions]
     return [f if f is not None else c for f, c in zip(flipped, captions)], np.array([f is not None for f in flipped])
 
