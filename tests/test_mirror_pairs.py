@@ -49,7 +49,7 @@ def test_the_batch_gains_mirrored_images_with_reversed_captions(world):
     captions = [ann.captions[r] for r in rows[:3]]
     ids = torch.arange(3)[:, None]
     out, out_ids, out_captions, source = add_mirrors(pixels, ids, captions, np.array([0, 2]),
-                                                     torch.tensor([[10], [12]]))
+                                                     torch.tensor([[10], [12]]), [flipped[rows[0]], flipped[rows[2]]])
     assert out.shape == (5, 64, 64, 3) and out.dtype == torch.uint8
     assert torch.equal(out[3], pixels[0].flip(1)) and torch.equal(out[4], pixels[2].flip(1))  # left-right
     assert out_ids[:, 0].tolist() == [0, 1, 2, 10, 12]

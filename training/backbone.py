@@ -276,7 +276,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     images = torch.from_numpy(load_image_files(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
     text_ids = tokenizer(train.captions).to(device)
-    mirror_ids = mirrorable = None
+    mirror_ids = mirrorable = flipped = None
     if cfg.mirror_fraction > 0:
         flipped, mirrorable = mirrored_captions(train.captions)
         mirror_ids = tokenizer(flipped).to(device)
@@ -360,8 +360,9 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             source = torch.arange(len(idx), device=device)  # each row's row among the batch's originals
             if mirror_ids is not None:
                 again = mirror_rows(mirrorable[caption_pick[idx]], cfg.mirror_fraction, rng)
-                pixels, ids, captions, source = add_mirrors(pixels, ids, captions, again,
-                                                            mirror_ids[caption_pick[idx[again]]])
+                rows = caption_pick[idx[again]]
+                pixels, ids, captions, source = add_mirrors(pixels, ids, captions, again, mirror_ids[rows],
+                                                            [flipped[j] for j in rows])
             img = F.normalize(clip.encode_image(preprocess(clip, pixels)), dim=-1)
             txt = F.normalize(clip.encode_text(ids), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]

@@ -39,10 +39,11 @@ def mirror_pair_mask(source: torch.Tensor) -> torch.Tensor:
 
 
 def add_mirrors(pixels: torch.Tensor, ids: torch.Tensor, captions: list, again: np.ndarray,
-                mirrored_ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, list, torch.Tensor]:
+                mirrored_ids: torch.Tensor, mirrored: list) -> Tuple[torch.Tensor, torch.Tensor, list, torch.Tensor]:
     """The batch (uint8 pixels [B, H, W, 3], token ids, caption strings) with rows ``again`` added once more, mirrored
-    left-right with their reversed captions (``mirrored_ids``: their token ids); and each row's original row [B + k]."""
+    left-right with their reversed captions (``mirrored_ids``: their token ids, ``mirrored``: their strings, both from
+    `mirrored_captions`); and each row's original row [B + k]."""
     rows = torch.from_numpy(again).to(pixels.device)
     source = torch.cat([torch.arange(len(pixels), device=pixels.device), rows])
     return (torch.cat([pixels, pixels[rows].flip(2)]), torch.cat([ids, mirrored_ids]),
-            captions + [flip_axis(captions[r], HORIZONTAL) for r in again], source)
+            captions + list(mirrored), source)
