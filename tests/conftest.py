@@ -117,8 +117,8 @@ def ray_local():
     ray.shutdown()
 
 
-def encode_world_with_checkpoint(root, seed: int, n_test: int, checkpoint: str):
-    """A sample world's test split (`root`/world) through `checkpoint`'s backbone and adapter:
+def encode_world_with_checkpoint(root, seed: int, n_test: int, checkpoint: str, kind: str = "shapes"):
+    """A sample world's test split (`root`/world, of world kind `kind`) through `checkpoint`'s backbone and adapter:
     (annotations path, raw table, compressed tokens [N, m, d] float32, compressed table metadata at int8)."""
 
     import torch
@@ -130,7 +130,7 @@ def encode_world_with_checkpoint(root, seed: int, n_test: int, checkpoint: str):
     from edje.schemas.token_table import TableMetadata, decode_tokens, read_token_table
 
     repo = Path(__file__).resolve().parent.parent
-    generate(WorldConfig(seed=seed, n_train=0, n_val=0, n_test=n_test), root / "world")
+    generate(WorldConfig(seed=seed, n_train=0, n_val=0, n_test=n_test, kind=kind), root / "world")
     bcfg = read_checkpoint_config(checkpoint)["config"]["backbone"]
     backbone = VisionBackbone.create(BackboneConfig(bcfg["name"], str(repo / bcfg["pretrained"]), bcfg["feature_layer"]))
     ann_path = root / "world" / "flickr30k_test.json"

@@ -1,8 +1,9 @@
-"""The search page (GET /ui) driven by headless Chromium against a served sample world: the token prompt, both
-columns' thumbnails, the reranked order against POST /v1/search, and an image added by url from the page.
+"""The search page (GET /ui) driven by headless Chromium against a served sample world, on each world kind with its
+shipped reranker: the token prompt, both columns' thumbnails, the reranked order against POST /v1/search, and an
+image added by url from the page.
 
 Needs Debian's chromium and chromium-driver (.ci/run installs them) and selenium (the dev extra); skips without.
-Writes docs/search_page.png, the README's screenshot.
+Writes docs/search_page.png (the shapes world) and docs/search_page_open.png (the open world, the README's screenshot).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from edje.jobs.quickstart_worlds import WORLD_PRESETS
 from edje.serving.config import DeploymentResources, ServeConfig
 from edje.serving.startup import StartupConfig
 
@@ -22,7 +24,10 @@ os.environ.update(StartupConfig().env())
 
 TOKEN = "browser-token"
 TOP_K = 10
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "search_page.png"
+REPO = Path(__file__).resolve().parent.parent
+# world kind -> (its served checkpoint, where its screenshot goes)
+CASES = {"shapes": ("checkpoints/edje-local-bind", "docs/search_page.png"),
+         "open": (WORLD_PRESETS["open"].checkpoint, "docs/search_page_open.png")}
 WAIT_S = 180  # a search on 2 busy cores, first call included (the reranker warms up)
 
 
@@ -36,13 +41,19 @@ def _binaries():
     return browser, driver
 
 
+@pytest.fixture(scope="module", params=sorted(CASES))
+def kind(request):
+    """The world kind of this round of the test."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(kind, tmp_path_factory):
     """16 test images; thumbnails come from the image folder, the table's stored urls are dead."""
     from world_serving import encode_world
 
-    root = tmp_path_factory.mktemp("browser-world")
-    return encode_world(root, 47, 16, "http://127.0.0.1:9")
+    root = tmp_path_factory.mktemp(f"browser-world-{kind}")
+    return encode_world(root, 47, 16, "http://127.0.0.1:9", checkpoint=str(REPO / CASES[kind][0]), kind=kind)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +73,10 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def served(ray_local, world, tmp_path_factory):
-    from world_serving import CHECKPOINT, serving
+def served(ray_local, kind, world, tmp_path_factory):
+    from world_serving import serving
 
-    cfg = ServeConfig(checkpoint=CHECKPOINT, token_tables=(world.table,), caption_sources=(world.annotations,),
+    cfg = ServeConfig(checkpoint=str(REPO / CASES[kind][0]), token_tables=(world.table,), caption_sources=(world.annotations,),
                       ui=True, image_dir=str(world.images), live_dir=str(tmp_path_factory.mktemp("browser-live")),
                       auth_token=TOKEN, image_url_allow=("loopback",),  # the test's own image server
                       reranker=DeploymentResources(num_cpus=0.25))
@@ -138,7 +149,7 @@ def _search(driver, query):
 
 
 @pytest.mark.slow
-def test_the_page_in_chromium(browser, served, world, image_server):  # browser first: a skip starts no Ray
+def test_the_page_in_chromium(browser, kind, served, world, image_server):  # browser first: a skip starts no Ray
     from selenium.webdriver.common.by import By
 
     url, http = served
@@ -174,10 +185,11 @@ def test_the_page_in_chromium(browser, served, world, image_server):  # browser 
     expected = d.find_elements(By.CSS_SELECTOR, "#reranked li.expected")
     if world.image_ids[5] in shown:  # the caption's own image is marked where shown
         assert [li.get_attribute("data-id") for li in expected] == [world.image_ids[5]]
-    d.save_screenshot(str(SCREENSHOT))
+    screenshot = REPO / CASES[kind][1]
+    d.save_screenshot(str(screenshot))
     from PIL import Image
 
-    assert Image.open(SCREENSHOT).size == (1280, 800)
+    assert Image.open(screenshot).size == (1280, 800)
     # the header stays a slim bar: the results, not the chrome, fill a 1280 x 800 screen
     assert d.execute_script("return document.querySelector('header').getBoundingClientRect().height") <= 80
 

@@ -46,14 +46,16 @@ class World:
         return self.root / "images"
 
 
-def encode_world(root: Path, seed: int, n_test: int, base_url: str) -> World:
-    """Generate and encode a world's test split; the table's urls are `base_url`/images/<id>.jpg."""
+def encode_world(root: Path, seed: int, n_test: int, base_url: str, checkpoint: str = CHECKPOINT,
+                 kind: str = "shapes") -> World:
+    """Generate and encode a world's test split (of world kind `kind`, through `checkpoint`); the table's urls are
+    `base_url`/images/<id>.jpg."""
     from conftest import encode_world_with_checkpoint
 
     from edje.schemas.annotations import load_annotations
     from edje.schemas.token_table import build_table, write_token_table
 
-    ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, seed, n_test, CHECKPOINT)
+    ann_path, table, tokens, cmeta = encode_world_with_checkpoint(root, seed, n_test, checkpoint, kind)
     ids = table.column("image_id").to_pylist()
     emb = np.stack([np.asarray(v, np.float32) for v in table.column("image_embedding").to_pylist()])
     path = str(root / "compressed.parquet")
