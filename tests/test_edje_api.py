@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from edje import EDJEReranker, UnknownDocument
+from edje.jobs.quickstart_worlds import WORLD_PRESETS
 from edje.schemas.shipped import DEFAULT_RERANKER
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,24 +98,28 @@ def test_bad_documents_get_clear_errors(reranker, tmp_path):
 
 
 @pytest.mark.slow
-def test_rank_agrees_with_evaluate_within_family(reranker, tmp_path):
+@pytest.mark.parametrize("kind,n_test", [("shapes", 240), ("open", 120)])
+def test_rank_agrees_with_evaluate_within_family(kind, n_test, tmp_path):
     """Ranking a caption's image against its three binding twins with the API wins as often as jobs/evaluate.py's
-    within-family accuracy on the same unseen world (int8 storage on both sides), within 1 point."""
+    within-family accuracy on the same unseen world (int8 storage on both sides), within 1 point: on each world kind
+    with its shipped compressed reranker."""
     from edje.evaluation.rerank_eval import EvalConfig, evaluate
     from edje.evaluation.tables import encode_annotations
     from edje.model.backbone import VisionBackbone
     from edje.sampleworld.world import WorldConfig, generate
     from edje.schemas.config import BackboneConfig
 
+    checkpoint = REPO / WORLD_PRESETS[kind].checkpoint
+    reranker = EDJEReranker.from_pretrained(checkpoint)
     root = tmp_path / "w"
-    generate(WorldConfig(seed=9191, n_train=0, n_val=0, n_test=240), root)
+    generate(WorldConfig(seed=9191, n_train=0, n_val=0, n_test=n_test, kind=kind), root)
     ann = root / "flickr30k_test.json"
     b = reranker.backbone_config
     encode_annotations(str(ann), VisionBackbone.create(BackboneConfig(b.name, b.pretrained, b.feature_layer)),
                        str(tmp_path / "raw.parquet"))
     torch.set_num_threads(2)
     metrics = evaluate(EvalConfig(annotations=str(ann), tokens=[str(tmp_path / "raw.parquet")], output=str(tmp_path / "e"),
-                                  checkpoint=str(CHECKPOINT), k=10, max_queries_per_image=1, quant="int8", examples=1))
+                                  checkpoint=str(checkpoint), k=10, max_queries_per_image=1, quant="int8", examples=1))
     evaluated = metrics["t2i"]["within_family"]["reranked"]["accuracy"]
     world = [x for x in json.loads((root / "world.json").read_text())["images"] if x["split"] == "test"]
     families = {}
