@@ -15,6 +15,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from world_serving import CHECKPOINT
 
 from edje.jobs.quickstart_worlds import WORLD_PRESETS
 from edje.serving.config import DeploymentResources, ServeConfig
@@ -26,8 +27,8 @@ TOKEN = "browser-token"
 TOP_K = 10
 REPO = Path(__file__).resolve().parent.parent
 # world kind -> (its served checkpoint, where its screenshot goes)
-CASES = {"shapes": ("checkpoints/edje-local-bind", "docs/search_page.png"),
-         "open": (WORLD_PRESETS["open"].checkpoint, "docs/search_page_open.png")}
+CASES = {"shapes": (CHECKPOINT, REPO / "docs" / "search_page.png"),
+         "open": (str(REPO / WORLD_PRESETS["open"].checkpoint), REPO / "docs" / "search_page_open.png")}
 WAIT_S = 180  # a search on 2 busy cores, first call included (the reranker warms up)
 
 
@@ -53,7 +54,7 @@ def world(kind, tmp_path_factory):
     from world_serving import encode_world
 
     root = tmp_path_factory.mktemp(f"browser-world-{kind}")
-    return encode_world(root, 47, 16, "http://127.0.0.1:9", checkpoint=str(REPO / CASES[kind][0]), kind=kind)
+    return encode_world(root, 47, 16, "http://127.0.0.1:9", checkpoint=CASES[kind][0], kind=kind)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 def served(ray_local, kind, world, tmp_path_factory):
     from world_serving import serving
 
-    cfg = ServeConfig(checkpoint=str(REPO / CASES[kind][0]), token_tables=(world.table,), caption_sources=(world.annotations,),
+    cfg = ServeConfig(checkpoint=CASES[kind][0], token_tables=(world.table,), caption_sources=(world.annotations,),
                       ui=True, image_dir=str(world.images), live_dir=str(tmp_path_factory.mktemp("browser-live")),
                       auth_token=TOKEN, image_url_allow=("loopback",),  # the test's own image server
                       reranker=DeploymentResources(num_cpus=0.25))
@@ -185,7 +186,7 @@ def test_the_page_in_chromium(browser, kind, served, world, image_server):  # br
     expected = d.find_elements(By.CSS_SELECTOR, "#reranked li.expected")
     if world.image_ids[5] in shown:  # the caption's own image is marked where shown
         assert [li.get_attribute("data-id") for li in expected] == [world.image_ids[5]]
-    screenshot = REPO / CASES[kind][1]
+    screenshot = CASES[kind][1]
     d.save_screenshot(str(screenshot))
     from PIL import Image
 
