@@ -12,6 +12,8 @@ const ROUTES = {
 const API_ROOT = new URL("../", window.location.href);
 const TOKEN_KEY = "edje.token";
 const THUMB_PARALLEL = 6;
+// The example in the empty query box: any catalogue's words (the page serves whatever tables it is given).
+const QUERY_EXAMPLE = "describe the image, e.g. a small red apple left of a big dog";
 
 const state = { picked: null, info: null, maxTopK: 1000, thumbs: new Map(), last: null, searching: false };
 const $ = (sel) => document.querySelector(sel);
@@ -228,7 +230,7 @@ function pick(id) {
   holder.className = "picked-thumb loading";
   fillThumb(holder, id);
   const query = $("#query");
-  query.placeholder = "how should the results differ? e.g. the circle is red";
+  query.placeholder = "how should the results differ? e.g. it is red, or there are two";
   query.focus();
   query.select();
   setSummary(`Searching from image ${id}: type how the results should differ from it (or nothing), then Search.`);
@@ -238,7 +240,7 @@ function unpick() {
   state.picked = null;
   $("#picked").hidden = true;
   $("#weight-row").hidden = true;
-  $("#query").placeholder = "a small red circle left of a big blue square";
+  $("#query").placeholder = QUERY_EXAMPLE;
 }
 
 async function addImage(ev) {
@@ -322,6 +324,7 @@ async function tokenSaved(ev) {
 
 // ------------------------------------------------------------------------------------------ start
 function start() {
+  $("#query").placeholder = QUERY_EXAMPLE;
   $("#search-form").addEventListener("submit", (ev) => { ev.preventDefault(); search(); });
   $("#query").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); search(); }  // Shift+Enter: a new line
