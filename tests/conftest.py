@@ -16,6 +16,9 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Ray Train's controller collects a worker's report every 2 s, and a worker's next report waits for that: the
+# suite's runs report every step of a fraction of a second. Drivers pass it on to their controllers.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 # The tests import research/ the way its entry points do, from the repository root: an editable install
 # made before the package existed does not map it.
 

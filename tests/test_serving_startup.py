@@ -70,7 +70,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float)
                 return
         except requests.RequestException:
             pass
-        time.sleep(2)
+        time.sleep(0.5)
     raise AssertionError(f"not healthy within {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
@@ -104,7 +104,7 @@ def test_serve_job_starts_under_cpu_load_and_binds_loopback(corpus, cpu_hogs, tm
         deadline = time.time() + 540
         while time.time() < deadline and '{"application"' not in log.read_text():
             assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-4000:]}"
-            time.sleep(2)
+            time.sleep(0.5)
         ready = json.loads(next(line for line in log.read_text().splitlines() if line.startswith('{"application"')))
         assert ready["url"] == url and ready["attempts"] >= 1
         assert requests.get(url + "/healthz", timeout=30).status_code == 200
@@ -153,7 +153,7 @@ def test_a_start_that_cannot_succeed_is_retried_then_refused_with_the_reason(cor
     port = free_port()
     cmd = [sys.executable, str(ROOT / "jobs" / "serve.py"), "--address", "local", "--checkpoint", corpus.checkpoint,
            "--tokens", *corpus.compressed_tables, "--port", str(port), "--proxy-timeout", "0.001",
-           "--start-attempts", "2", "--ready-timeout", "5"]
+           "--start-attempts", "2", "--ready-timeout", "1"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=600)
     assert run.returncode == 2, (run.stdout + run.stderr)[-4000:]
     message = next(line for line in run.stderr.splitlines() if line.startswith("[serve]"))

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow  # Ray Train / Serve on a local cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETRAIN = [sys.executable, str(ROOT / "jobs" / "pretrain.py")]
+# A run that a test kills mid-run keeps Ray Train's own 2 s report collection (the suite's is 0.25 s, conftest), so
+# that it is still running when the kill lands.
+RAY_OWN_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,8 @@ def test_two_worker_pretrain_checkpoints_and_resumes_after_kill(ray_local, pipel
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log1 = open(tmp_path / "run1.log", "w")
-    first = subprocess.Popen(args, cwd=ROOT, stdout=log1, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    first = subprocess.Popen(args, cwd=ROOT, stdout=log1, stderr=subprocess.STDOUT, env={**env, **RAY_OWN_POLL},
+                             start_new_session=True)
     try:
         deadline = time.time() + 420
         while time.time() < deadline and not _checkpoints(storage, "r1") and first.poll() is None:
@@ -244,7 +248,7 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_newest_checkpoint(pipelin
     log_path = tmp_path / "survive.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", **RAY_OWN_POLL})
         # A checkpoint folder on disk is not yet one the run restarts from: the controller registers it a moment
         # later (its snapshot file), and a kill in between restarts from scratch. Wait for the registration.
         deadline = time.time() + 420
