@@ -4,7 +4,9 @@ bash block, each submitted with `ray job submit` to a two-node Ray cluster on lo
 server and the hub on loopback. Each command's output is the next one's input on that storage: raw tables,
 pretraining (exported to the storage path), distillation, compressed tables (jobs/compress.py: the raw tables through
 the student's adapter), serving. It ends with one
-`POST /v1/rerank` and one `POST /v1/search` answered from the served tables.
+`POST /v1/rerank` and one `POST /v1/search` answered from the served tables. Along the way it checks what the hub
+gave: the raw tables pin the backbone's commit and weights, and pretraining logs the language model's commit and
+exports it cut to one layer with its tokenizer (tests/test_hub_jobs.py has the hub's failure paths).
 
 Sizes are scaled down by the substitutions in SCALED_DOWN, each of which must match docs/cluster.md (it lists
 them); nothing else of the commands changes. The nodes' environment carries what a user's would: AWS credentials
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from hub_repos import hub_environment, publish_shipped
+from hub_repos import BACKBONE_REPO, LANGUAGE_MODEL_REPO, hub_environment, publish_shipped
 from hub_server import LoopbackHub
 from ray_nodes import our_processes
 
@@ -127,7 +129,7 @@ def world(tmp_path_factory):
     moto.start()
     hub = LoopbackHub()
     hub.start()
-    publish_shipped(hub)
+    commits = publish_shipped(hub)
     try:
         host, port = moto.get_host_and_port()
         s3 = f"http://{host}:{port}"
@@ -144,7 +146,7 @@ def world(tmp_path_factory):
                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
         env.pop("RAY_AUTH_TOKEN_PATH", None)
         env.pop("EDJE_API_TOKEN", None)
-        yield {"root": root, "env": env, "rows": rows, "s3": client, "hub": hub}
+        yield {"root": root, "env": env, "rows": rows, "s3": client, "hub": hub, "commits": commits}
     finally:
         hub.stop()
         moto.stop()
@@ -228,17 +230,20 @@ def test_a_submit_without_auth_mode_is_refused(world, cluster):
 def test_the_cluster_recipe_runs_as_written(world, cluster):
     commands = scaled_down(recipe(RECIPE_DOC.read_text()))
     env = {**world["env"], "RAY_ADDRESS": cluster}
+    outputs = {}
     for command in commands:
         started = time.time()
         proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "succeeded" in out, f"{command}\n{out[-8000:]}"
+        outputs[re.search(r"python jobs/(\w+)\.py", command).group(1)] = out
         print(f"{time.time() - started:6.1f} s  {command[:120]}", flush=True)
     s3 = world["s3"]
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="bucket")["Contents"]}
-    for written in ("raw/summary.json", "models/edje-local/config.json", "models/edje-c64/model.safetensors",
-                    "c64-int8/summary.json"):
+    for written in ("raw/summary.json", "models/edje-local/config.json", "models/edje-local/tokenizer/tokenizer.json",
+                    "models/edje-c64/model.safetensors", "c64-int8/summary.json"):
         assert written in keys, sorted(keys)[:50]
+    _check_what_the_hub_gave(s3, keys, world["commits"], outputs["pretrain"], world["root"])
     summary = json.loads(s3.get_object(Bucket="bucket", Key="c64-int8/summary.json")["Body"].read())
     assert summary["complete"] and summary["images_ok"] == IMAGES, summary
 
@@ -251,3 +256,26 @@ def test_the_cluster_recipe_runs_as_written(world, cluster):
     assert r.status_code == 200, r.text
     hits = r.json()["results"]
     assert len(hits) == 3 and r.json()["reranked"] and {h["image_id"] for h in hits} <= {x["image_id"] for x in rows}
+
+
+def _check_what_the_hub_gave(s3, keys: set, commits: dict, pretrain_output: str, tmp: Path) -> None:
+    """The raw tables name the hub's backbone at its commit with the shipped weights' sha256; pretraining logged the hub
+    language model's commit and exported MiniLM's width cut to one layer, with its tokenizer inside."""
+    import dataclasses
+    import hashlib
+
+    from edje.schemas.shipped import SHIPPED_BACKBONE_WEIGHTS
+    from edje.schemas.token_table import read_metadata
+
+    part = tmp / "raw-part.parquet"
+    part.write_bytes(s3.get_object(Bucket="bucket", Key=min(k for k in keys if k.startswith("raw/tables/")
+                                                              and k.endswith(".parquet")))["Body"].read())
+    meta = read_metadata(str(part))
+    with open(ROOT / SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit"], "rb") as f:
+        shipped = hashlib.file_digest(f, "sha256").hexdigest()
+    assert (meta.backbone, meta.pretrained, meta.backbone_revision, meta.pretrained_sha256) == (
+        f"hf-hub:{BACKBONE_REPO}", None, commits[BACKBONE_REPO], shipped)
+    assert f"language model {LANGUAGE_MODEL_REPO} at {commits[LANGUAGE_MODEL_REPO]}" in pretrain_output
+    config = json.loads(s3.get_object(Bucket="bucket", Key="models/edje-local/config.json")["Body"].read())
+    assert config["config"]["backbone"] == dataclasses.asdict(meta.backbone_config())  # the backbone as loaded, pinned
+    assert (config["bert_config"]["num_hidden_layers"], config["bert_config"]["hidden_size"]) == (1, 384)  # MiniLM's, cut

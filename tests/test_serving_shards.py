@@ -166,6 +166,10 @@ def test_replicas_per_shard_and_admission_reach_the_deployment_options(tmp_path)
     assert cfg.reranker.options(cfg.replicas_per_shard)["num_replicas"] == 3
     ingress = cfg.ingress.options()
     assert (ingress["max_ongoing_requests"], ingress["max_queued_requests"]) == (8, 4) and "num_replicas" not in ingress
+    # Every deployment drains in short loops (Serve's 2 s would hold each stopping replica that long for nothing).
+    assert {cfg.first_stage.options()["graceful_shutdown_wait_loop_s"], ingress["graceful_shutdown_wait_loop_s"]} == {0.5}
+    with pytest.raises(ValueError, match="graceful_shutdown_wait_loop_s"):
+        DeploymentResources(graceful_shutdown_wait_loop_s=0)
     # A deployment's own replica count wins; one replica per shard leaves the count to Serve (or a config file).
     assert config_from_args(parse(flags + ["--replicas-per-shard", "2", "--reranker-replicas", "5"])).reranker.options(2)[
         "num_replicas"] == 5
