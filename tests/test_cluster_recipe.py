@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from hub_repos import BACKBONE_REPO, LANGUAGE_MODEL_REPO, hub_environment, publish_shipped
+from hub_repos import BACKBONE_REPO, LANGUAGE_MODEL_REPO, hub_environment, publish_shipped, shipped_weights_sha256
 from hub_server import LoopbackHub
 from ray_nodes import our_processes
 
@@ -262,19 +262,15 @@ def _check_what_the_hub_gave(s3, keys: set, commits: dict, pretrain_output: str,
     """The raw tables name the hub's backbone at its commit with the shipped weights' sha256; pretraining logged the hub
     language model's commit and exported MiniLM's width cut to one layer, with its tokenizer inside."""
     import dataclasses
-    import hashlib
 
-    from edje.schemas.shipped import SHIPPED_BACKBONE_WEIGHTS
     from edje.schemas.token_table import read_metadata
 
     part = tmp / "raw-part.parquet"
     part.write_bytes(s3.get_object(Bucket="bucket", Key=min(k for k in keys if k.startswith("raw/tables/")
                                                               and k.endswith(".parquet")))["Body"].read())
     meta = read_metadata(str(part))
-    with open(ROOT / SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit"], "rb") as f:
-        shipped = hashlib.file_digest(f, "sha256").hexdigest()
     assert (meta.backbone, meta.pretrained, meta.backbone_revision, meta.pretrained_sha256) == (
-        f"hf-hub:{BACKBONE_REPO}", None, commits[BACKBONE_REPO], shipped)
+        f"hf-hub:{BACKBONE_REPO}", None, commits[BACKBONE_REPO], shipped_weights_sha256("edje-tiny-convvit"))
     assert f"language model {LANGUAGE_MODEL_REPO} at {commits[LANGUAGE_MODEL_REPO]}" in pretrain_output
     config = json.loads(s3.get_object(Bucket="bucket", Key="models/edje-local/config.json")["Body"].read())
     assert config["config"]["backbone"] == dataclasses.asdict(meta.backbone_config())  # the backbone as loaded, pinned

@@ -11,7 +11,6 @@ pretraining step names a hub language model, and that test checks the commit it 
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import signal
 import subprocess
@@ -22,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from hub_repos import BACKBONE_REPO, LANGUAGE_MODEL_REPO, hub_environment, publish_shipped
+from hub_repos import BACKBONE_REPO, LANGUAGE_MODEL_REPO, hub_environment, publish_shipped, shipped_weights_sha256
 from hub_server import LoopbackHub
 
-from edje.schemas.shipped import REPO_ROOT, SHIPPED_BACKBONE_WEIGHTS
+from edje.schemas.shipped import REPO_ROOT
 from edje.schemas.token_table import read_metadata
 from edje.serving.ports import free_port
 
@@ -77,10 +76,8 @@ def raw(hub, work):
 
 def test_the_encode_job_encodes_with_an_hf_hub_backbone(hub, raw):
     meta = read_metadata(raw[0])
-    with open(REPO_ROOT / SHIPPED_BACKBONE_WEIGHTS["edje-tiny-convvit"], "rb") as f:
-        shipped = hashlib.file_digest(f, "sha256").hexdigest()
     assert (meta.backbone, meta.pretrained, meta.backbone_revision, meta.pretrained_sha256) == (
-        BACKBONE, None, hub.commits[BACKBONE_REPO], shipped)
+        BACKBONE, None, hub.commits[BACKBONE_REPO], shipped_weights_sha256("edje-tiny-convvit"))
     assert meta.feature_layer == "final" and not meta.backbone_random_weights  # a mean-pooled tower: final tokens
     assert (meta.num_tokens, meta.width) == (64, 128)
 
