@@ -11,6 +11,8 @@ Recipes (what a model sees as (positive, negative, weight)):
 - caption: (c, flip c, w) with w from `FlipBalance(axis=None)`: the `flip` objective's caption mode.
 - trainer: horizontal flips as a flip square, (c, flip c) and (flip c, c) (the mirrored image makes the flipped
            caption true); vertical flips caption-side only, weighted by `FlipBalance`.
+- orientation: (c, flip_orientation c, w) with w from `FlipBalance(ORIENTATION)`: the backbone's orientation
+           negatives (the way things face reversed, their places kept).
 
     .venv/bin/python benchmarks/blind_prior.py --world shapes --seed 100 --n-train 4000 --n-val 1000
 """
@@ -29,11 +31,13 @@ import numpy as np
 from edje.training.caption_rewrites import (
     HORIZONTAL,
     OPPOSITES,
+    ORIENTATION,
     UNPAIRED,
     VERTICAL,
     FlipBalance,
     caption_axes,
     flip_axis,
+    flip_orientation,
     flip_relations,
 )
 
@@ -75,6 +79,17 @@ def caption(train_captions: Sequence[str]) -> Recipe:
 
     def pairs(c: str) -> list:
         f = flip_relations(c)
+        return [] if f is None else [(c, f, balance.weight(c))]
+    return pairs
+
+
+def orientation(train_captions: Sequence[str]) -> Recipe:
+    """Each caption against its `flip_orientation` flip, weighted by a `FlipBalance` on ORIENTATION: the backbone's
+    orientation negatives."""
+    balance = FlipBalance(train_captions, ORIENTATION)
+
+    def pairs(c: str) -> list:
+        f = flip_orientation(c)
         return [] if f is None else [(c, f, balance.weight(c))]
     return pairs
 

@@ -10,11 +10,14 @@ import pytest
 
 from edje.training.caption_rewrites import (
     HORIZONTAL,
+    ORIENTATION,
     VERTICAL,
     FlipBalance,
     caption_axes,
     flip_axis,
+    flip_orientation,
     flip_relations,
+    orientation_words,
     spatial_words,
 )
 
@@ -79,6 +82,47 @@ def test_flip_is_its_own_inverse_on_every_caption_of_a_world(world):
     assert flipped > 1000
 
 
+def test_orientation_flips_reverse_the_way_things_face_and_keep_where_they_are():
+    c = "two small left-facing dogs to the left of a cat facing right"
+    assert flip_orientation(c) == "two small right-facing dogs to the left of a cat facing left"
+    assert orientation_words(c) == ("left", "right") and flip_orientation(flip_orientation(c)) == c
+    assert flip_orientation("dog (small, facing left) left of cat (large, facing right)") == (
+        "dog (small, facing right) left of cat (large, facing left)")
+    assert flip_orientation("A Right-Facing car on the right") == "A Left-Facing car on the right"
+    assert flip_orientation("the arrow points left, the car is turned right") == (
+        "the arrow points right, the car is turned left")
+    # Sides of place alone, words that are not sides, and no side at all: no orientation flip.
+    for none in ("a dog to the left of a cat", "a man left the room", "it looks right", "a big red star"):
+        assert flip_orientation(none) is None and orientation_words(none) == (), none
+    # A mirror reverses both kinds: the orientation flip is the mirror's when a caption has no side of place.
+    assert flip_orientation("a left-facing dog") == flip_axis("a left-facing dog", HORIZONTAL)
+
+
+def test_orientation_flip_is_its_own_inverse_on_every_caption_of_the_open_world():
+    recs = bp.records_of("open", 7, 600, 200)
+    flipped = 0
+    for c in {c for r in recs for c in r.captions}:
+        f = flip_orientation(c)
+        if f is None:
+            continue
+        flipped += 1
+        assert f != c and flip_orientation(f) == c, (c, f)
+        # The words it changes are a subset of what a mirror changes; the sides of place stay.
+        mirror = flip_axis(c, HORIZONTAL)
+        changed = [i for i, (a, b) in enumerate(zip(c.split(), f.split())) if a != b]
+        assert changed and all(f.split()[i] == mirror.split()[i] for i in changed), (c, f, mirror)
+    assert flipped > 500
+
+
+def test_flip_balance_on_orientation_weights_the_more_frequent_facing_down():
+    captions = ["a left-facing dog"] * 4 + ["a right-facing dog"] * 2 + ["a left-facing dog left of a cat"] * 3
+    balance = FlipBalance(captions, ORIENTATION)
+    # The key is the sides of orientation alone: the side of place does not split it (7 "left" keys, 2 "right").
+    assert balance.weight("a left-facing dog") == balance.weight("a left-facing dog left of a cat") == pytest.approx(2 / 7)
+    assert balance.weight("a right-facing dog") == 1.0
+    assert balance.weight("a dog left of a cat") == 0.0
+
+
 def test_flip_balance_weights_the_more_frequent_side_down():
     captions = ["a above b"] * 6 + ["a below b"] * 3 + ["a beneath b"] * 3 + ["a left of b"]
     balance = FlipBalance(captions, VERTICAL)
@@ -119,6 +163,13 @@ def test_a_blind_count_of_spatial_words_is_at_chance_on_held_out_families(world)
     vertical = lambda c: flip_axis(c, VERTICAL)
     unweighted = bp.held_out(recs, lambda _: bp.plain(vertical), bp.one_flip(vertical), "seq")
     assert _outside(unweighted) and unweighted["acc"] > 52.0, unweighted
+
+
+def test_weighted_orientation_negatives_leave_a_blind_count_at_chance_on_the_open_world():
+    recs = bp.records_of("open", 100, 2000, 1000)
+    for kind in ("seq", "bag"):
+        weighted = bp.held_out(recs, bp.orientation, bp.one_flip(flip_orientation), kind)
+        assert not _outside(weighted) and 45.0 < weighted["acc"] < 55.0 and weighted["n"] > 1000, (kind, weighted)
 
 
 @pytest.mark.parametrize("world", ["shapes", "open"])

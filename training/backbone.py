@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -33,6 +33,7 @@ from edje.schemas.annotations import Annotations, load_annotations
 from edje.schemas.cli_options import option
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 from edje.training.mirror_pairs import add_mirrors, mirror_pair_mask, mirror_rows, mirrored_captions
+from edje.training.orientation_negatives import OrientationNegatives
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,10 @@ class BackboneTrainConfig:
     mirror_fraction: float = option(0.0, help="share of each batch added again mirrored left-right with the caption's "
                                     "horizontal words reversed (left-facing <-> right-facing), as the original's hard "
                                     "negative; only images whose caption has a horizontal word")
+    # training/orientation_negatives.py: a negative that differs from the true caption in the way things face alone.
+    orientation_negatives: bool = option(False, help="add each caption's orientation flip (left-facing <-> "
+                                         "right-facing, the sides of place kept) as a false caption of its image, "
+                                         "balanced so that a blind model of those words is at chance")
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
     device: Optional[str] = option(None, cli_default="auto",
@@ -146,8 +151,10 @@ def load_training_state(folder: Path, cfg: BackboneTrainConfig) -> Optional[Dict
     state = torch.load(path, map_location="cpu", weights_only=True)
     now = asdict(cfg)
     saved = state["config"]
-    differ = [f"{k}: {saved.get(k)!r} there, {v!r} now" for k, v in now.items()
-              if k not in RESUME_MAY_CHANGE and saved.get(k) != v]
+    # An option newer than the checkpoint: its run had the option's default.
+    defaults = {f.name: f.default for f in fields(BackboneTrainConfig)}
+    differ = [f"{k}: {saved.get(k, defaults[k])!r} there, {v!r} now" for k, v in now.items()
+              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != v]
     if differ:
         raise ValueError(f"{path} was written by a different run ({'; '.join(differ)}); "
                          "use another storage path or name to start afresh")
@@ -251,6 +258,25 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
     return -(target * logp.masked_fill(target == 0, 0.0)).sum(dim=1).mean()
 
 
+def with_orientation_negatives(clip: torch.nn.Module, img: torch.Tensor, by_image: torch.Tensor,
+                               target: torch.Tensor, negatives: OrientationNegatives, caption_rows: np.ndarray,
+                               captions: list, source: torch.Tensor, rng: np.random.Generator,
+                               groups: Optional[torch.Tensor]) -> tuple:
+    """The image->text logits and targets [image, caption] with the drawn orientation flips of the batch's original
+    rows added as columns: false for their own image and its family, true where one is a row's own caption."""
+    take = negatives.draw(caption_rows, rng)
+    if not len(take):
+        return by_image, target
+    extra = clip.logit_scale.exp() * img @ F.normalize(clip.encode_text(negatives.token_ids(caption_rows[take])), dim=-1).T
+    match = torch.from_numpy(negatives.matches(caption_rows[take], captions)).to(img.device)
+    if groups is not None:  # the family's other images may show the flipped caption: neither a negative nor a target
+        rows = torch.from_numpy(take).to(img.device)
+        g = groups[source]
+        other = (g[:, None] == groups[rows][None, :]) & (source[:, None] != rows[None, :])
+        extra = extra.masked_fill(other & ~match, float("-inf"))
+    return torch.cat([by_image, extra], 1), torch.cat([target, match.float()], 1)
+
+
 @torch.no_grad()
 def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 512) -> np.ndarray:
     """Normalised image embeddings of uint8 images [N, S, S, 3], in eval mode."""
@@ -280,6 +306,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     if cfg.mirror_fraction > 0:
         flipped, mirrorable = mirrored_captions(train.captions)
         mirror_ids = tokenizer(flipped).to(device)
+    negatives = OrientationNegatives(train.captions, tokenizer, device) if cfg.orientation_negatives else None
     per_image = train.image_to_captions()
     groups = scenes = None
     partial_rates = [caption_rates(cfg, e) for e in range(cfg.epochs)]  # checks every epoch's rates up front
@@ -380,7 +407,12 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 g = groups[tidx][source]
                 logits = logits.masked_fill((g[:, None] == g[None, :]) & ~keep, float("-inf"))
             target = positive.float()
-            loss = (soft_cross_entropy(logits, target) + soft_cross_entropy(logits.T, target.T)) / 2
+            by_image, image_target = logits.T, target.T
+            if negatives is not None:
+                by_image, image_target = with_orientation_negatives(clip, img, by_image, image_target, negatives,
+                                                                    caption_pick[idx], captions, source, rng,
+                                                                    None if groups is None else groups[tidx])
+            loss = (soft_cross_entropy(logits, target) + soft_cross_entropy(by_image, image_target)) / 2
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -11,6 +11,10 @@ included), so (mirror image, flipped caption) is a true pair: the *flip square*.
 such image (a mirrored triangle points down), so they stay caption-side only; `FlipBalance` weights them so
 that a blind model cannot tell a true caption from its flip by its spatial words, and does the same for
 `flip_relations` (every flip caption-side, one axis a caption).
+
+`flip_orientation` reverses only the sides that say which way a thing faces ("left-facing", "facing left",
+"pointing right"), not where things are: true of no image the caption describes, and told apart from the caption
+only by how each thing faces, where a full horizontal flip can also be told by where things stand.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from typing import Iterable
 
 HORIZONTAL, VERTICAL = "horizontal", "vertical"
 AXES = (HORIZONTAL, VERTICAL)
+# FlipBalance's name for the flips of `flip_orientation` (the horizontal words of orientation alone).
+ORIENTATION = "orientation"
 
 # Each axis's spatial words with their opposites, one pair each. "beneath" pairs with "atop" (both single-word
 # prepositions) so that it maps to a word that maps back to it; "above" already pairs with "below".
@@ -40,6 +46,12 @@ _SIDE_BEFORE = frozenset({"the", "to", "on", "at", "its", "their", "his", "her",
                           "top", "bottom", "upper", "lower", "facing", "and", "or"})
 _SIDE_AFTER = frozenset({"of", "side", "sides", "hand", "-"})
 _SIDE_WORDS = frozenset({"left", "right"})
+# Verbs of orientation: a side right after one ("facing left") or joined to one ("left-facing") is the way a thing
+# faces, not where it is.
+# ("looks right" and "heads" are left out: "it looks right", "heads or tails".)
+_ORIENTATION_VERBS = frozenset({"facing", "faces", "face", "pointing", "points", "point", "heading", "turned",
+                                "turning"})
+_JOINED_VERB = re.compile(r"-(" + "|".join(sorted(_ORIENTATION_VERBS)) + r")(?![A-Za-z])", re.IGNORECASE)
 _ALL = sorted({w for axis in AXES for w in (*OPPOSITES[axis], *UNPAIRED[axis])}, key=len, reverse=True)
 _CANDIDATE = re.compile(r"(?<![A-Za-z])(" + "|".join(_ALL) + r")(?![A-Za-z])", re.IGNORECASE)
 _LAST_WORD = re.compile(r"([A-Za-z]+)[^A-Za-z]*$")
@@ -50,7 +62,7 @@ def _is_side(caption: str, m: re.Match) -> bool:
     """Whether a bare "left" or "right" is a side here: beside a word that makes it one."""
     before = _LAST_WORD.search(caption, 0, m.start())
     after = _NEXT_WORD.match(caption, m.end())
-    return ((before is not None and before.group(1).lower() in _SIDE_BEFORE)
+    return ((before is not None and before.group(1).lower() in _SIDE_BEFORE | _ORIENTATION_VERBS)
             or (after is not None and after.group(1).lower() in _SIDE_AFTER))
 
 
@@ -85,11 +97,42 @@ def flip_axis(caption: str, axis: str) -> str | None:
     hits = [(start, end, word) for a, start, end, word in _spatial(caption) if a == axis]
     if not hits or any(word in UNPAIRED[axis] for _, _, word in hits):
         return None
+    return _reversed(caption, hits, axis)
+
+
+def _reversed(caption: str, hits: list, axis: str) -> str:
+    """The caption with each (start, end, word) of ``hits`` replaced by its opposite on ``axis``, in its case."""
     out, at = [], 0
     for start, end, word in hits:
         out += [caption[at:start], _cased(OPPOSITES[axis][word], caption[start:end])]
         at = end
     return "".join(out) + caption[at:]
+
+
+def _orientation_hits(caption: str) -> list:
+    """(start, end, word) of each side of orientation in the caption."""
+    return [(start, end, word) for axis, start, end, word in _spatial(caption)
+            if axis == HORIZONTAL and word in _SIDE_WORDS and _is_orientation(caption, start, end)]
+
+
+def _is_orientation(caption: str, start: int, end: int) -> bool:
+    """Whether the side word at caption[start:end] says which way something faces: "facing left", "left-facing"."""
+    before = _LAST_WORD.search(caption, 0, start)
+    return ((before is not None and before.group(1).lower() in _ORIENTATION_VERBS)
+            or _JOINED_VERB.match(caption, end) is not None)
+
+
+def orientation_words(caption: str) -> tuple[str, ...]:
+    """The caption's sides of orientation ("left" of "left-facing"), lower-cased, in order: a blind model's key."""
+    return tuple(word for _, _, word in _orientation_hits(caption))
+
+
+@lru_cache(maxsize=1 << 16)
+def flip_orientation(caption: str) -> str | None:
+    """The caption with only its sides of orientation reversed ("a left-facing dog left of a cat" -> "a right-facing
+    dog left of a cat"); None when it has none. Its own inverse, like `flip_axis`."""
+    hits = _orientation_hits(caption)
+    return _reversed(caption, hits, HORIZONTAL) if hits else None
 
 
 def caption_axes(caption: str) -> tuple[str, ...]:
@@ -119,19 +162,26 @@ class FlipBalance:
     words alone beats chance. Weighting a caption with key k by min(n[k], n[flip k]) / n[k] leaves each key with
     min(n[k], n[flip k]) as a positive and the same as a negative, because the flip is its own inverse. With
     ``axis`` None the keys still pair up: a key with horizontal words flips to one with horizontal words, a key
-    with vertical words only to one with vertical words only."""
+    with vertical words only to one with vertical words only. With ``axis`` ORIENTATION the flips are those of
+    `flip_orientation` and the key is the sides of orientation alone (the other spatial words do not change)."""
 
     def __init__(self, captions: Iterable[str], axis: str | None):
         self.axis = axis
-        self.counts: Counter = Counter(spatial_words(c) for c in captions if self.flip(c) is not None)
+        self.counts: Counter = Counter(self.key(c) for c in captions if self.flip(c) is not None)
 
     def flip(self, caption: str) -> str | None:
         """The caption's flip that this balance weighs; None when it has none."""
-        return flip_relations(caption) if self.axis is None else flip_axis(caption, self.axis)
+        if self.axis is None:
+            return flip_relations(caption)
+        return flip_orientation(caption) if self.axis == ORIENTATION else flip_axis(caption, self.axis)
+
+    def key(self, caption: str) -> tuple[str, ...]:
+        """The words a blind model could tell the caption from its flip by."""
+        return orientation_words(caption) if self.axis == ORIENTATION else spatial_words(caption)
 
     def weight(self, caption: str) -> float:
         """The caption's flip weight in [0, 1]; 0 for a caption that cannot be flipped or whose flipped key never
         occurs as a true caption."""
         flipped = self.flip(caption)
-        n = self.counts.get(spatial_words(caption), 0) if flipped is not None else 0
-        return min(n, self.counts.get(spatial_words(flipped), 0)) / n if n else 0.0
+        n = self.counts.get(self.key(caption), 0) if flipped is not None else 0
+        return min(n, self.counts.get(self.key(flipped), 0)) / n if n else 0.0
