@@ -102,3 +102,35 @@ def test_training_with_orientation_negatives_runs_is_recorded_and_resumes_older_
     with pytest.raises(ValueError, match="orientation_negatives: False there, True now"):
         load_training_state(folder, BackboneTrainConfig(train, plain.output, storage_path=plain.storage_path,
                                                         orientation_negatives=True, **common))
+
+
+def test_the_rerankers_orientation_objective_scores_each_flip_on_the_same_image_and_trains_the_encoder():
+    from test_word_align import _batch, _model
+
+    from edje.training.caption_rewrites import ORIENTATION, VERTICAL, FlipBalance, flip_orientation
+    from edje.training.objectives import EDJEObjectives
+
+    torch.manual_seed(0)
+    model = _model().eval()
+    captions = ["a left-facing dog to the left of a cat", "a right-facing dog", "a red circle to the left of a star"]
+    batch, neg = _batch(captions)
+    balance = FlipBalance(captions + ["a right-facing dog to the left of a cat"], ORIENTATION)
+    objectives = EDJEObjectives(model, ("itm", "orientation"), {"orientation": 2.0}, orientation_balance=balance)
+    out = objectives(batch, neg)
+    assert torch.isfinite(out["loss_orientation"]) and 0 <= out["orientation_acc"] <= 1
+    assert out["loss"].item() == pytest.approx(out["loss_itm"].item() + 2 * out["loss_orientation"].item(), rel=1e-5)
+    # The loss is the balance-weighted two-way cross-entropy of each caption against its flip on the same image
+    # (the third caption has no side of orientation; its side of place is not flipped).
+    pos = model.adapter(batch.tokens)
+    true_l = model.encoder.score(captions[:2], pos[:2])
+    flip_l = model.encoder.score([flip_orientation(c) for c in captions[:2]], pos[:2])
+    w = torch.tensor([balance.weight(c) for c in captions[:2]])
+    assert w.tolist() == [1.0, 0.5]  # one "left" key and two "right" ones: the more frequent side weighs less
+    expected = (w * F.softplus(flip_l - true_l)).sum() / w.sum()
+    assert out["loss_orientation"].item() == pytest.approx(expected.item(), rel=1e-4)
+    out["loss_orientation"].backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.parameters())
+    with pytest.raises(ValueError, match="ORIENTATION"):
+        EDJEObjectives(model, ("itm", "orientation"), {}, orientation_balance=FlipBalance(captions, VERTICAL))
+    with pytest.raises(ValueError, match="itm"):
+        EDJEObjectives(model, ("mlm", "orientation"), {}, orientation_balance=balance)

@@ -10,9 +10,9 @@ from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
 Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror",
-                    "word_align", "cell_recovery", "noun_swap"]
+                    "word_align", "cell_recovery", "noun_swap", "orientation"]
 OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill",
-                               "route_mirror", "word_align", "cell_recovery", "noun_swap")
+                               "route_mirror", "word_align", "cell_recovery", "noun_swap", "orientation")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")

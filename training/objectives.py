@@ -15,7 +15,9 @@ how the teacher's does (what a phrase's image position adds, with what the phras
 alignment: each content word of each caption (its wordpieces' mean input embedding) finds its best adapter token in
 every image of the batch, and their mean cosine picks the caption's own image and back (FILIP's fine-grained loss), and
 noun swaps: each positive against its caption with one noun replaced by a neighbour caption's (training/noun_swaps.py),
-on the same image.
+on the same image, and orientation flips: each positive against its caption with the way things face reversed and
+their places kept (caption_rewrites.flip_orientation), on the same image, weighted so that those words alone carry no
+shortcut (a flip square's mirror can be told from its image by where things stand; this negative cannot).
 """
 from __future__ import annotations
 
@@ -32,11 +34,11 @@ from edje.model.edje import EDJEModel
 from edje.training.batches import TrainBatch
 from edje.training.caption_rewrites import (
     HORIZONTAL,
+    ORIENTATION,
     VERTICAL,
     FlipBalance,
     caption_axes,
     flip_axis,
-    flip_relations,
 )
 from edje.training.losses import (
     distillation_loss,
@@ -83,7 +85,7 @@ class EDJEObjectives(nn.Module):
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
                  flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None,
                  pointer_k: float = 10.0, align_temperature: float = 0.05, noun_swaps: Optional[NounSwaps] = None,
-                 seed: int = 0):
+                 orientation_balance: Optional[FlipBalance] = None, seed: int = 0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -118,7 +120,12 @@ class EDJEObjectives(nn.Module):
             raise ValueError("the noun_swap objective compares ITM logits: it needs the itm objective and the "
                              "training captions' NounSwaps")
         self.flip_mode, self.flip_balance, self.pointer_k = flip_mode, flip_balance, pointer_k
+        if "orientation" in self.objectives and not ("itm" in self.objectives and isinstance(orientation_balance, FlipBalance)
+                                                     and orientation_balance.axis == ORIENTATION):
+            raise ValueError("the orientation objective compares ITM logits: it needs the itm objective and a "
+                             "FlipBalance of the training captions on ORIENTATION")
         self.noun_swaps, self._swap_rng = noun_swaps, np.random.default_rng(seed)
+        self.orientation_balance = orientation_balance
         self.align_temperature = align_temperature
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
@@ -164,6 +171,9 @@ class EDJEObjectives(nn.Module):
         if "noun_swap" in self.objectives:
             out.update(self._noun_swap(batch, neg, pos, pos_l))
             total = total + self.weights.get("noun_swap", 1.0) * out["loss_noun_swap"]
+        if "orientation" in self.objectives:
+            out.update(self._orientation(batch, pos, pos_l))
+            total = total + self.weights.get("orientation", 1.0) * out["loss_orientation"]
         if "pointer" in self.objectives:
             xy, valid, orders = encoder.pointer_readout(list(batch.captions), pos)
             out["loss_pointer"], in_order = pointer_order_loss(xy, valid, orders, self.pointer_k)
@@ -219,14 +229,12 @@ class EDJEObjectives(nn.Module):
     def _flip_caption(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Each positive against its own caption with the relations reversed (one axis), on the same image, weighted
         by the balance of the training captions' spatial words."""
-        weight = [self.flip_balance.weight(c) for c in batch.captions]
-        rows = [i for i, w in enumerate(weight) if w > 0]
-        if not rows:
-            return {"loss_flip": pos.sum() * 0}
-        flip_l = self.model.encoder.score([flip_relations(batch.captions[i]) for i in rows], pos[rows])
-        w = torch.tensor([weight[i] for i in rows], dtype=flip_l.dtype, device=flip_l.device)
-        return {"loss_flip": weighted_flip_loss(pos_l[rows], flip_l, w),
-                "flip_acc": (pos_l[rows] > flip_l).float().mean().detach()}
+        return caption_side_flips(self.model, self.flip_balance, "flip", batch.captions, pos, pos_l)
+
+    def _orientation(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Each positive against its caption with the way things face reversed (their places kept), on the same
+        image, weighted by the balance of the training captions' sides of orientation."""
+        return caption_side_flips(self.model, self.orientation_balance, "orientation", batch.captions, pos, pos_l)
 
     def _noun_swap(self, batch: TrainBatch, neg: Negatives, pos: torch.Tensor,
                    pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -337,3 +345,17 @@ def teacher_scores(teacher: EDJEModel, batch: TrainBatch, neg: Negatives, route:
         _, out.mirror_inputs, out.mirror_valid = teacher.encoder.score_and_route(
             list(batch.captions), teacher.adapter(batch.mirror_tokens))
     return logits, out
+
+
+def caption_side_flips(model: EDJEModel, balance: FlipBalance, name: str, captions: Sequence[str], pos: torch.Tensor,
+                       pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """loss_<name> and <name>_acc: each positive (logit `pos_l`) against its caption's flip by `balance` on the same
+    image (adapter tokens `pos`), weighted by the balance; a zero loss when no caption has a weighted flip."""
+    weight = [balance.weight(c) for c in captions]
+    rows = [i for i, w in enumerate(weight) if w > 0]
+    if not rows:
+        return {f"loss_{name}": pos.sum() * 0}
+    flip_l = model.encoder.score([balance.flip(captions[i]) for i in rows], pos[rows])
+    w = torch.tensor([weight[i] for i in rows], dtype=flip_l.dtype, device=flip_l.device)
+    return {f"loss_{name}": weighted_flip_loss(pos_l[rows], flip_l, w),
+            f"{name}_acc": (pos_l[rows] > flip_l).float().mean().detach()}
