@@ -61,8 +61,10 @@ def test_the_flips_are_columns_false_for_their_image_and_true_for_a_mirror_that_
     img = F.normalize(torch.randn(5, 128), dim=-1)
     by_image, target = torch.zeros(5, 5), torch.eye(5)
     groups = torch.tensor([7, 8, 8, 8])  # rows 1-3 one family: its other images may show row 1's flip
-    logits, t = with_orientation_negatives(clip, img, by_image, target, neg, rows, captions, source,
-                                           np.random.default_rng(0), groups)
+    txt = F.normalize(clip.encode_text(tokenizer(captions)), dim=-1)
+    logits, t, margin = with_orientation_negatives(clip, img, txt, by_image, target, neg, rows, captions, source,
+                                                   np.random.default_rng(0), groups)
+    assert margin.item() == 0  # no text margin asked
     assert logits.shape == t.shape == (5, 8)  # three flips drawn: rows 0, 1 and 3 (row 2's caption has none)
     extra, extra_t = logits[:, 5:], t[:, 5:]
     # Row 0's flip "a right-facing dog" is its mirror's own caption: a target there, a negative for row 0.
@@ -73,12 +75,18 @@ def test_the_flips_are_columns_false_for_their_image_and_true_for_a_mirror_that_
     clip_logits = clip.logit_scale.exp() * img @ F.normalize(clip.encode_text(tokenizer(["a right-facing dog"])), dim=-1).T
     torch.testing.assert_close(extra[:, :1], clip_logits)
     # Without groups nothing is hidden; with no flip drawn nothing is added.
-    logits, _ = with_orientation_negatives(clip, img, by_image, target, neg, rows, captions, source,
-                                           np.random.default_rng(0), None)
+    logits, _, margin = with_orientation_negatives(clip, img, txt, by_image, target, neg, rows, captions, source,
+                                                   np.random.default_rng(0), None, text_margin=-1.0)
     assert torch.isfinite(logits).all()
-    unchanged = with_orientation_negatives(clip, img, by_image, target, neg, np.array([3, 3]), captions[:2],
+    # The text margin: each drawn caption's cosine to its flip above the margin, on average, in logit units.
+    flips = F.normalize(clip.encode_text(tokenizer([neg.flipped[r] for r in rows[[0, 1, 3]]])), dim=-1)
+    cos = (txt[[0, 1, 3]] * flips).sum(-1)
+    torch.testing.assert_close(margin, clip.logit_scale.exp() * (cos + 1.0).mean())
+    margin.backward()
+    assert clip.token_embedding.weight.grad.abs().sum() > 0 and clip.logit_scale.grad is None  # the scale is left alone
+    unchanged = with_orientation_negatives(clip, img, txt, by_image, target, neg, np.array([3, 3]), captions[:2],
                                            source[:2], np.random.default_rng(0), None)
-    assert unchanged[0] is by_image and unchanged[1] is target
+    assert unchanged[0] is by_image and unchanged[1] is target and unchanged[2].item() == 0
 
 
 def test_training_with_orientation_negatives_runs_is_recorded_and_resumes_older_checkpoints(world, tmp_path):
@@ -86,13 +94,17 @@ def test_training_with_orientation_negatives_runs_is_recorded_and_resumes_older_
     train = str(world.root / "flickr30k_train.json")
     common = dict(eval_annotations=None, model="edje-tiny-convvit", epochs=1, batch_size=16, mirror_fraction=0.5,
                   world=str(world.root / "world.json"))
-    oriented = BackboneTrainConfig(train, str(tmp_path / "o.safetensors"), orientation_negatives=True, **common)
+    oriented = BackboneTrainConfig(train, str(tmp_path / "o.safetensors"), orientation_negatives=True,
+                                   orientation_text_margin=0.5, **common)
     train_backbone(oriented, log=lambda s: None)
     plain = BackboneTrainConfig(train, str(tmp_path / "p.safetensors"), storage_path=str(tmp_path / "runs"), **common)
     train_backbone(plain, log=lambda s: None)
     a, b = load_file(oriented.output), load_file(plain.output)
     assert not all(torch.equal(a[k], b[k]) for k in a), "the orientation negatives changed nothing"
-    assert json.loads((tmp_path / "o.json").read_text())["config"]["orientation_negatives"] is True
+    recorded = json.loads((tmp_path / "o.json").read_text())["config"]
+    assert recorded["orientation_negatives"] is True and recorded["orientation_text_margin"] == 0.5
+    with pytest.raises(ValueError, match="set orientation_negatives"):
+        BackboneTrainConfig(train, "o", orientation_text_margin=0.5)
     # A checkpoint written before the option existed resumes as a run with its default, and only so.
     folder = run_folder(plain)
     state = torch.load(folder / "checkpoint.pt", weights_only=True)

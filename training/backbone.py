@@ -89,6 +89,11 @@ class BackboneTrainConfig:
     orientation_negatives: bool = option(False, help="add each caption's orientation flip (left-facing <-> "
                                          "right-facing, the sides of place kept) as a false caption of its image, "
                                          "balanced so that a blind model of those words is at chance")
+    # Both towers start blind to which way things face, and each learns it only from the other's difference: a
+    # saddle (B128o's first epoch: the caption and its flip at cosine 0.9999). A text-side push breaks it.
+    orientation_text_margin: Optional[float] = option(None, help="with --orientation-negatives: also push the text "
+                                                      "embeddings of a caption and its orientation flip below this "
+                                                      "cosine (e.g. 0.9)")
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
     device: Optional[str] = option(None, cli_default="auto",
@@ -107,6 +112,8 @@ class BackboneTrainConfig:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if not 0.0 <= self.mirror_fraction <= 1.0:
             raise ValueError(f"mirror_fraction must be in [0, 1], got {self.mirror_fraction}")
+        if self.orientation_text_margin is not None and not self.orientation_negatives:
+            raise ValueError("orientation_text_margin works on the orientation negatives: set orientation_negatives")
         if self.mirror_fraction > 0 and (self.shape_caption_rate or self.colour_caption_rate
                                          or self.shape_caption_rate_end):
             raise ValueError("mirror pairs and the shape- or colour-only captions do not combine: a partial caption "
@@ -258,23 +265,30 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
     return -(target * logp.masked_fill(target == 0, 0.0)).sum(dim=1).mean()
 
 
-def with_orientation_negatives(clip: torch.nn.Module, img: torch.Tensor, by_image: torch.Tensor,
+def with_orientation_negatives(clip: torch.nn.Module, img: torch.Tensor, txt: torch.Tensor, by_image: torch.Tensor,
                                target: torch.Tensor, negatives: OrientationNegatives, caption_rows: np.ndarray,
                                captions: list, source: torch.Tensor, rng: np.random.Generator,
-                               groups: Optional[torch.Tensor]) -> tuple:
+                               groups: Optional[torch.Tensor], text_margin: Optional[float] = None) -> tuple:
     """The image->text logits and targets [image, caption] with the drawn orientation flips of the batch's original
-    rows added as columns: false for their own image and its family, true where one is a row's own caption."""
+    rows added as columns: false for their own image and its family, true where one is a row's own caption; and the
+    text-side term: how far each drawn caption and its flip (`txt`: the batch's caption embeddings) sit above
+    `text_margin` in cosine, on average, times the logit scale (0 without a margin)."""
     take = negatives.draw(caption_rows, rng)
     if not len(take):
-        return by_image, target
-    extra = clip.logit_scale.exp() * img @ F.normalize(clip.encode_text(negatives.token_ids(caption_rows[take])), dim=-1).T
+        return by_image, target, img.new_zeros(())
+    flipped = F.normalize(clip.encode_text(negatives.token_ids(caption_rows[take])), dim=-1)
+    extra = clip.logit_scale.exp() * img @ flipped.T
+    margin = img.new_zeros(())
+    if text_margin is not None:  # in logit units, as the contrastive loss counts (the scale itself left alone)
+        cos = (txt[torch.from_numpy(take).to(txt.device)] * flipped).sum(-1)
+        margin = clip.logit_scale.exp().detach() * F.relu(cos - text_margin).mean()
     match = torch.from_numpy(negatives.matches(caption_rows[take], captions)).to(img.device)
     if groups is not None:  # the family's other images may show the flipped caption: neither a negative nor a target
         rows = torch.from_numpy(take).to(img.device)
         g = groups[source]
         other = (g[:, None] == groups[rows][None, :]) & (source[:, None] != rows[None, :])
         extra = extra.masked_fill(other & ~match, float("-inf"))
-    return torch.cat([by_image, extra], 1), torch.cat([target, match.float()], 1)
+    return torch.cat([by_image, extra], 1), torch.cat([target, match.float()], 1), margin
 
 
 @torch.no_grad()
@@ -407,12 +421,12 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 g = groups[tidx][source]
                 logits = logits.masked_fill((g[:, None] == g[None, :]) & ~keep, float("-inf"))
             target = positive.float()
-            by_image, image_target = logits.T, target.T
+            by_image, image_target, text_margin = logits.T, target.T, 0.0
             if negatives is not None:
-                by_image, image_target = with_orientation_negatives(clip, img, by_image, image_target, negatives,
-                                                                    caption_pick[idx], captions, source, rng,
-                                                                    None if groups is None else groups[tidx])
-            loss = (soft_cross_entropy(logits, target) + soft_cross_entropy(by_image, image_target)) / 2
+                by_image, image_target, text_margin = with_orientation_negatives(
+                    clip, img, txt, by_image, image_target, negatives, caption_pick[idx], captions, source, rng,
+                    None if groups is None else groups[tidx], cfg.orientation_text_margin)
+            loss = (soft_cross_entropy(logits, target) + soft_cross_entropy(by_image, image_target)) / 2 + text_margin
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
