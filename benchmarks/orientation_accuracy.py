@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 
-import numpy as np
 import open_clip
 import torch
 import torch.nn.functional as F
