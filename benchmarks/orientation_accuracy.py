@@ -18,11 +18,10 @@ import sys
 
 import open_clip
 import torch
-import torch.nn.functional as F
 
 from edje.model.image_decode import load_image_files
 from edje.schemas.annotations import load_annotations
-from edje.training.backbone import image_size, load_init, preprocess
+from edje.training.backbone import image_embeddings, image_size, load_init, text_embeddings
 from edje.training.caption_rewrites import flip_orientation
 
 
@@ -48,24 +47,15 @@ def orientation_accuracy(model: str, pretrained: str, annotations: str, limit: i
     """The four figures (accuracies in %) of a backbone checkpoint on an annotation set's oriented captions."""
     clip = open_clip.create_model(model)
     load_init(clip, pretrained, model)
-    clip.eval()
     tokenizer = open_clip.get_tokenizer(model)
     paths, captions, flips = oriented_pairs(annotations, limit)
     if not paths:
         raise ValueError(f"no caption in {annotations} has a side of orientation (left-facing, facing right)")
     pixels = torch.from_numpy(load_image_files(paths, image_size(clip)))
-
-    def images(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([F.normalize(clip.encode_image(preprocess(clip, x[i:i + batch])), dim=-1)
-                          for i in range(0, len(x), batch)])
-
-    def texts(t: list) -> torch.Tensor:
-        return torch.cat([F.normalize(clip.encode_text(tokenizer(t[i:i + batch])), dim=-1)
-                          for i in range(0, len(t), batch)])
-
-    img, mirror = images(pixels), images(pixels.flip(2))  # [N, H, W, 3]: dim 2 is the width
-    txt, flip = texts(captions), texts(flips)
-    pct = lambda won: round(100.0 * float(won.float().mean()), 1)
+    # [N, H, W, 3]: dim 2 is the width
+    img, mirror = image_embeddings(clip, pixels, batch), image_embeddings(clip, pixels.flip(2), batch)
+    txt, flip = text_embeddings(clip, tokenizer, captions, batch), text_embeddings(clip, tokenizer, flips, batch)
+    pct = lambda won: round(100.0 * float(won.mean()), 1)
     return {"images": len(paths),
             "caption_vs_flip": pct((img * txt).sum(-1) > (img * flip).sum(-1)),
             "image_vs_mirror": pct((txt * img).sum(-1) > (txt * mirror).sum(-1)),

@@ -195,11 +195,8 @@ def image_size(clip: torch.nn.Module) -> int:
 @torch.no_grad()
 def zero_shot_recall(clip: torch.nn.Module, tokenizer, ann: Annotations, images: torch.Tensor, batch: int = 512) -> Dict:
     """T2I and I2T R@1/5/10 of the model's own embeddings on an annotation set (``images``: uint8 [N, S, S, 3])."""
-    clip.eval()
     img = image_embeddings(clip, images, batch)
-    txt = torch.cat([F.normalize(clip.encode_text(tokenizer(ann.captions[i:i + batch]).to(images.device)), dim=-1)
-                     for i in range(0, len(ann.captions), batch)])
-    return embedding_recall(txt.cpu().numpy(), img, ann.caption_image)
+    return embedding_recall(text_embeddings(clip, tokenizer, ann.captions, batch), img, ann.caption_image)
 
 
 def caption_rates(cfg: BackboneTrainConfig, epoch: int) -> tuple:
@@ -297,6 +294,15 @@ def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 5
     clip.eval()
     return torch.cat([F.normalize(clip.encode_image(preprocess(clip, images[i:i + batch])), dim=-1)
                       for i in range(0, len(images), batch)]).cpu().numpy()
+
+
+@torch.no_grad()
+def text_embeddings(clip: torch.nn.Module, tokenizer, captions: list, batch: int = 512) -> np.ndarray:
+    """Normalised text embeddings of captions, in eval mode."""
+    clip.eval()
+    device = next(clip.parameters()).device
+    return torch.cat([F.normalize(clip.encode_text(tokenizer(captions[i:i + batch]).to(device)), dim=-1)
+                      for i in range(0, len(captions), batch)]).cpu().numpy()
 
 
 def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print) -> Dict:
