@@ -45,7 +45,7 @@ class EvalConfig:
         "held-out (test-only) caption template where those are not among its first captions (default %(default)s); "
         "text→image figures over the held-out-template queries are reported apart whenever the world records "
         "caption templates")
-    examples: int = option(4, help="queries in examples.png")
+    examples: int = option(4, help="queries in examples.png (0: no examples.png)")
     threads: Optional[int] = option(None, help="torch CPU threads")
     # backbone text tower, adapter and joint encoder; None/"auto": cuda if visible, else cpu
     device: Optional[str] = option(None, cli_default="auto", help="text tower, adapter and joint encoder: auto (cuda "

@@ -102,7 +102,7 @@ def progress_printer(label: str, total: int, every_s: float = 10.0):
 
 
 def evaluate(cfg: EvalConfig) -> Dict:
-    """Run the evaluation and write metrics.json, metrics.md, examples.png and run.json to cfg.output."""
+    """Run the evaluation; write metrics.json, metrics.md, run.json and (examples > 0) examples.png to cfg.output."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device)
@@ -199,8 +199,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "metrics.md").write_text(markdown_table(metrics, cfg, len(ann.captions), ann.num_images))
-    from edje.evaluation.report import example_grid
-    example_grid(ann, t2i, out / "examples.png", cfg.examples, reranked=not cfg.backbone_only)
+    if cfg.examples > 0:
+        from edje.evaluation.report import example_grid
+        example_grid(ann, t2i, out / "examples.png", cfg.examples, reranked=not cfg.backbone_only)
     timings["total_s"] = round(time.time() - t0, 2)
     run = {"config": asdict(cfg), "table": asdict(meta), "queries": {"t2i": len(ann.captions), "i2t": ann.num_images},
            "timings": timings, "torch_threads": torch.get_num_threads(), "device": str(device),

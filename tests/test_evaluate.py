@@ -178,6 +178,16 @@ def test_evaluate_max_queries_per_image_scores_that_many_captions(tiny_world, ti
     assert "(32 images, 64 captions)" in (tmp_path / "lim" / "metrics.md").read_text()
 
 
+def test_evaluate_with_no_examples_writes_every_figure_and_no_grid(tiny_world, tiny_ckpt, tmp_path):
+    root, _, raw = tiny_world
+    ckpt, _ = tiny_ckpt
+    _run(["--annotations", str(root / "world" / "flickr30k_test.json"), "--tokens", str(raw), "--checkpoint", str(ckpt),
+          "--examples", "0", "--output", str(tmp_path / "none")])
+    assert not (tmp_path / "none" / "examples.png").exists()
+    metrics = json.loads((tmp_path / "none" / "metrics.json").read_text())
+    assert metrics["t2i"]["reranked"]["r1"] >= 0 and (tmp_path / "none" / "run.json").exists()
+
+
 def test_evaluate_quant_round_trips_raw_tables_through_the_codec(tiny_world, tiny_ckpt, tmp_path, monkeypatch):
     root, _, raw = tiny_world
     ckpt, model = tiny_ckpt
