@@ -145,3 +145,32 @@ def test_a_reference_seed_is_drawn_as_the_kind_of_the_world_evaluated(open_world
     ref = parse_reference("300", 12000, 1000, (), world_kind_beside(str(ann)))
     assert (ref.config.kind, ref.config.min_objects, ref.config.max_objects) == ("open", 1, 4)
     assert "generate --world open --seed 300" in ref.describe()
+
+
+def test_one_annotation_file_per_held_out_template_reads_that_template_alone(open_world, tmp_path, capsys):
+    from edje.research.held_out_template_annotations import main
+
+    root, raw, ckpt = open_world
+    records = {r["image_id"]: r for r in json.loads((root / "world" / "world.json").read_text())["images"]}
+    test = [r for r in records.values() if r["split"] == "test"]
+    held = sorted({t for r in test for t, h in zip(r["caption_templates"], r["held_out_captions"]) if h})
+    main([str(root / "world" / "flickr30k_test.json")])
+    printed = capsys.readouterr().out
+    assert held and all(f"{t}: " in printed for t in held)
+    for template in held:
+        entries = json.loads((root / "world" / f"ann_{template.replace('/', '_')}.json").read_text())
+        assert len(entries) == len(test) and all(len(e["caption"]) == 1 for e in entries)
+        for e in entries:  # the template's caption where the image has one, else a training-template caption
+            r = records[e["image_id"]]
+            written = dict(zip(r["captions"], zip(r["caption_templates"], r["held_out_captions"])))[e["caption"][0]]
+            assert written[0] == template if template in r["caption_templates"] else not written[1]
+    # Evaluated one caption an image, no captions added: the held-out split is that template's queries alone.
+    template = held[0]
+    out = tmp_path / "one"
+    from edje.jobs.evaluate import main as evaluate
+    evaluate(["--annotations", str(root / "world" / f"ann_{template.replace('/', '_')}.json"), "--tokens", str(raw),
+              "--checkpoint", str(ckpt), "--k", "5", "--examples", "0", "--max-queries-per-image", "1",
+              "--held-out-template-queries", "0", "--output", str(out)])
+    split = json.loads((out / "metrics.json").read_text())["held_out_templates"]
+    assert split["queries"] == len(test) and split["added_queries"] == 0
+    assert split["held_out_queries"] == sum(template in r["caption_templates"] for r in test)
