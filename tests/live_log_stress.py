@@ -27,7 +27,7 @@ def ids_of(k: int, adds: int) -> List[str]:
 
 def main(argv: List[str]) -> None:
     """Run process K of the stress test (the module docstring)."""
-    from test_live_log import EXPECTED, _rows
+    from live_log_rows import EXPECTED, random_rows
 
     from edje.serving.live_log import LiveLog, LiveLogConfig
 
@@ -35,7 +35,7 @@ def main(argv: List[str]) -> None:
     adds, seed, budget_s, processes, k = int(adds), int(seed), float(budget_s), int(processes), int(k)
     out = Path(out_dir)
     rng = random.Random(seed * 1009 + k)
-    table = _rows(ids_of(k, adds), seed=100 + k)
+    table = random_rows(ids_of(k, adds), seed=100 + k)
     ids = table.column("image_id").to_pylist()
     order = list(range(table.num_rows))
     rng.shuffle(order)

@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from live_log_rows import EXPECTED, META, random_rows
 
 from edje.model.token_encoder import EncodedImages
 from edje.schemas.token_table import (
     TableMetadata,
     blob_matrix,
-    build_table_from_blobs,
     read_metadata,
     read_token_tables,
     vector_matrix,
@@ -38,21 +38,6 @@ from edje.serving.live_record import MAGIC, LiveLogCorrupt, scan
 from edje.storage.token_store import TokenStore
 
 REPO = Path(__file__).resolve().parent.parent
-META = TableMetadata(kind="compressed", backbone="edje-tiny-convvit", pretrained=None, feature_layer="last",
-                     num_tokens=16, width=128, quantization="int8", embed_dim=128, adapter_hash="abc")
-EXPECTED = dict(kind="compressed", adapter_hash="abc", num_tokens=16, width=128, quantization="int8")
-
-
-def _rows(ids, seed: int = 0) -> pa.Table:
-    """A token table of random rows for `ids` (what an add commits)."""
-    rng = np.random.default_rng(seed)
-    n = len(ids)
-    return build_table_from_blobs(META, list(ids), rng.integers(0, 256, (n, META.codec.blob_bytes), dtype=np.uint8),
-                                  rng.random((n, META.codec.num_scales)).astype("<f2"),
-                                  rng.standard_normal((n, META.embed_dim)).astype(np.float32),
-                                  urls=[f"http://x/{i}" for i in ids])
-
-
 def _encoded(table: pa.Table) -> EncodedImages:
     """A table's rows as the encoder gives them."""
     codec = META.codec
@@ -94,13 +79,13 @@ def _leftovers(live_dir: Path) -> list:
 def test_appends_reach_every_reader_with_their_bytes(tmp_path):
     writer, reader = LiveLog(str(tmp_path)), LiveLog(str(tmp_path), expected=EXPECTED)
     assert reader.poll() is None and not reader.changed()
-    added = _rows([f"a{i}" for i in range(5)])
+    added = random_rows([f"a{i}" for i in range(5)])
     for i in range(5):
         _add(writer, added.slice(i, 1))
     assert reader.changed()
     assert _by_id(reader.poll()) == _by_id(added)
     assert reader.poll() is None and not reader.changed()  # two stats, nothing new
-    _add(writer, _rows(["a5"], seed=1))
+    _add(writer, random_rows(["a5"], seed=1))
     assert reader.poll().column("image_id").to_pylist() == ["a5"]
     assert (tmp_path / "LOG").read_bytes()[:8] == MAGIC and not (tmp_path / "tables").exists()
     assert _everything(tmp_path).keys() == {f"a{i}" for i in range(6)}
@@ -108,7 +93,7 @@ def test_appends_reach_every_reader_with_their_bytes(tmp_path):
 
 def test_compaction_writes_bounded_parts_in_the_tables_format(tmp_path):
     live = LiveLog(str(tmp_path), LiveLogConfig(part_rows=4))
-    added = _rows([f"c{i:02d}" for i in range(10)])
+    added = random_rows([f"c{i:02d}" for i in range(10)])
     for i in range(10):
         _add(live, added.slice(i, 1))
     done = live.compact()
@@ -119,7 +104,7 @@ def test_compaction_writes_bounded_parts_in_the_tables_format(tmp_path):
     table, _ = read_token_tables(parts, **EXPECTED)
     assert _by_id(table) == _by_id(added) == _everything(tmp_path)
     # More rows fill the small last part first (merged, then dropped), so parts stay near the bound.
-    more = _rows([f"c{i:02d}" for i in range(10, 13)], seed=2)
+    more = random_rows([f"c{i:02d}" for i in range(10, 13)], seed=2)
     for i in range(3):
         _add(live, more.slice(i, 1))
     done = live.compact()
@@ -136,7 +121,7 @@ def test_compaction_writes_bounded_parts_in_the_tables_format(tmp_path):
 
 def test_replicas_adding_and_compacting_each_hold_every_image_once(tmp_path):
     base = str(tmp_path / "base.parquet")
-    write_token_table(_rows(["base-0"], seed=9), base)
+    write_token_table(random_rows(["base-0"], seed=9), base)
     live_dir = tmp_path / "live"
 
     def replica():
@@ -144,7 +129,7 @@ def test_replicas_adding_and_compacting_each_hold_every_image_once(tmp_path):
                           LiveLogConfig(part_rows=4, compact_rows=3, background=False))
 
     a, b = replica(), replica()
-    added = _rows([f"r{i}" for i in range(11)], seed=3)
+    added = random_rows([f"r{i}" for i in range(11)], seed=3)
     for i in range(11):
         rows = _encoded(added.slice(i, 1))
         got = (a if i % 2 else b).add_encoded(f"r{i}", rows, f"http://x/r{i}", data=b"png bytes")
@@ -166,7 +151,7 @@ def test_replicas_adding_and_compacting_each_hold_every_image_once(tmp_path):
 @pytest.mark.parametrize("step", [s for s in CRASH_STEPS if s != "legacy_appended"])
 def test_a_compaction_killed_at_any_step_loses_nothing(tmp_path, step):
     live = LiveLog(str(tmp_path), LiveLogConfig(part_rows=4))
-    first, second = _rows([f"k{i:02d}" for i in range(6)]), _rows([f"k{i:02d}" for i in range(6, 13)], seed=4)
+    first, second = random_rows([f"k{i:02d}" for i in range(6)]), random_rows([f"k{i:02d}" for i in range(6, 13)], seed=4)
     for i in range(6):
         _add(live, first.slice(i, 1))
     live.compact()  # parts of 4 and 2 rows: the next compaction merges the small one (every step is reached)
@@ -178,7 +163,7 @@ def test_a_compaction_killed_at_any_step_loses_nothing(tmp_path, step):
 
     want = {**_by_id(first), **_by_id(second)}
     assert _everything(tmp_path) == want  # the restarted replica's view: each image once, the same bytes
-    after = _rows(["k13", "k14"], seed=5)
+    after = random_rows(["k13", "k14"], seed=5)
     writer = LiveLog(str(tmp_path), LiveLogConfig(part_rows=4))
     for i in range(2):
         _add(writer, after.slice(i, 1))  # adds go on over the interrupted compaction
@@ -201,7 +186,7 @@ def _log_end_of_records(path: Path) -> list:
 @pytest.mark.parametrize("cut", ["mid_payload", "mid_header", "zero_tail"])
 def test_a_torn_last_record_is_skipped_with_a_warning_then_cut_off(tmp_path, cut):
     writer, running = LiveLog(str(tmp_path)), LiveLog(str(tmp_path))
-    added = _rows([f"t{i}" for i in range(5)])
+    added = random_rows([f"t{i}" for i in range(5)])
     for i in range(5):
         _add(writer, added.slice(i, 1))
         if i == 3:
@@ -226,7 +211,7 @@ def test_a_torn_last_record_is_skipped_with_a_warning_then_cut_off(tmp_path, cut
     assert _by_id(reader.poll()) == _by_id(added.slice(0, kept))  # a start-up poll: no crash ...
     assert len(reader.repairs) == 1 and "cut short" in reader.repairs[0]  # ... a warning ...
     assert log_path.stat().st_size == good_end  # ... and the torn bytes are gone
-    later = _rows(["t9"], seed=6)
+    later = random_rows(["t9"], seed=6)
     _add(LiveLog(str(tmp_path)), later)  # appends go on after the last whole record
     assert _everything(tmp_path) == {**_by_id(added.slice(0, kept)), **_by_id(later)}
     assert reader.poll().column("image_id").to_pylist() == ["t9"]
@@ -234,7 +219,7 @@ def test_a_torn_last_record_is_skipped_with_a_warning_then_cut_off(tmp_path, cut
 
 def test_a_damaged_record_with_records_after_it_is_an_error_not_a_silent_loss(tmp_path):
     writer = LiveLog(str(tmp_path))
-    added = _rows([f"d{i}" for i in range(3)])
+    added = random_rows([f"d{i}" for i in range(3)])
     for i in range(3):
         _add(writer, added.slice(i, 1))
     ends = _log_end_of_records(tmp_path / "LOG")
@@ -251,7 +236,7 @@ def test_the_first_stage_interface_reads_rows_once(tmp_path):
     assert first_stage.size() != offset
     got, offset = first_stage.read(offset)
     assert got == [] and first_stage.size() == offset
-    added = _rows(["f0", "f1"])
+    added = random_rows(["f0", "f1"])
     _add(writer, added)
     assert first_stage.size() != offset
     got, offset = first_stage.read(offset)
@@ -276,7 +261,7 @@ def _legacy_folder(live_dir: Path, table: pa.Table) -> None:
 
 
 def test_a_folder_of_one_table_per_image_moves_into_the_log_once(tmp_path):
-    legacy = _rows([f"old{i}" for i in range(4)])
+    legacy = random_rows([f"old{i}" for i in range(4)])
     _legacy_folder(tmp_path, legacy)
     cmd = [sys.executable, "-m", "edje.serving.live_log", "files", str(tmp_path)]
     out = subprocess.run(cmd, env={**os.environ, CRASH_ENV: "legacy_appended"}, capture_output=True, text=True,
@@ -285,7 +270,7 @@ def test_a_folder_of_one_table_per_image_moves_into_the_log_once(tmp_path):
     assert (tmp_path / LEGACY_LOG).exists() and len(list((tmp_path / "tables").iterdir())) == 4
     assert _everything(tmp_path) == _by_id(legacy)  # opening again finishes the move without doubling a row
     assert not (tmp_path / LEGACY_LOG).exists() and not (tmp_path / "tables").exists()
-    _add(LiveLog(str(tmp_path)), _rows(["new0"], seed=7))
+    _add(LiveLog(str(tmp_path)), random_rows(["new0"], seed=7))
     assert _everything(tmp_path).keys() == {"old0", "old1", "old2", "old3", "new0"}
 
 
@@ -346,7 +331,7 @@ def _replica(live_dir: Path) -> LiveImages:
     """A replica over a one-row base table; it compacts only when told to."""
     base = live_dir.parent / "base.parquet"
     if not base.exists():
-        write_token_table(_rows(["base-0"], seed=9), str(base))
+        write_token_table(random_rows(["base-0"], seed=9), str(base))
     return LiveImages(TokenStore.load([str(base)]), None, torch.device("cpu"), str(live_dir), 10 ** 6, 4,
                       LiveLogConfig(compact_rows=10 ** 9, compact_bytes=1 << 62, background=False))
 
@@ -364,12 +349,12 @@ def _acked(replica: LiveImages, table: pa.Table, want: int = 200) -> None:
 def test_a_new_log_that_takes_a_read_logs_inode_number_is_read_from_its_header(tmp_path, naming, where):
     live_dir = tmp_path / "live"
     a, b = _replica(live_dir), _replica(live_dir)
-    first = _rows(["a0", "a1", "a2"], seed=1)
+    first = random_rows(["a0", "a1", "a2"], seed=1)
     _acked(a, first)  # A's cursor: LOG (inode X), after three records
     x = (live_dir / "LOG").stat().st_ino
-    _acked(b, _rows(["b0"], seed=2))
+    _acked(b, random_rows(["b0"], seed=2))
     assert b.compact()["rows"] == 4  # LOG sealed and dropped: inode X is free
-    _acked(b, _rows(["b1"], seed=3))
+    _acked(b, random_rows(["b1"], seed=3))
     if naming == "reused":
         _hand_back_inode(live_dir, x)
     b.compact()  # a LOG with only a header replaces the one holding b1
@@ -379,23 +364,23 @@ def test_a_new_log_that_takes_a_read_logs_inode_number_is_read_from_its_header(t
     a_end = a.log.cursor.log_off
     later = {}
     if where == "on_a_record_boundary":  # records as long as A's: byte a_end falls between two of them
-        later = _rows(["b2", "b3", "b4", "b5"], seed=4)
+        later = random_rows(["b2", "b3", "b4", "b5"], seed=4)
         _acked(b, later)
         assert a_end in _log_end_of_records(live_dir / "LOG") and (live_dir / "LOG").stat().st_size > a_end
     elif where == "inside_a_record":  # records of two rows each: byte a_end falls inside one
-        later = _rows(["b2", "b3", "b4", "b5"], seed=4)
+        later = random_rows(["b2", "b3", "b4", "b5"], seed=4)
         for i in (0, 2):
             _add(b.log, later.slice(i, 2))
         ends = _log_end_of_records(live_dir / "LOG")
         assert a_end not in ends and ends[0] < a_end < ends[-1], (a_end, ends)
     else:
         assert (live_dir / "LOG").stat().st_size < a_end, end_of_a
-    b_rows = {**_by_id(_rows(["b0"], seed=2)), **_by_id(_rows(["b1"], seed=3)), **(_by_id(later) if later else {})}
+    b_rows = {**_by_id(random_rows(["b0"], seed=2)), **_by_id(random_rows(["b1"], seed=3)), **(_by_id(later) if later else {})}
 
     # A adds an image B added while A was not looking (refused), then a new one (acknowledged, never raised).
-    theirs = _rows(["b3" if later else "b1"], seed=5)
+    theirs = random_rows(["b3" if later else "b1"], seed=5)
     _acked(a, theirs, want=409)
-    mine = _rows(["a3"], seed=6)
+    mine = random_rows(["a3"], seed=6)
     _acked(a, mine)
     assert a.log.repairs == [] and a.log.corruptions == []
     want = {**_by_id(first), **b_rows, **_by_id(mine)}
@@ -409,7 +394,7 @@ def test_a_new_log_that_takes_a_read_logs_inode_number_is_read_from_its_header(t
 
 def test_a_complete_last_record_that_fails_its_checksum_is_kept_aside_and_reported(tmp_path):
     writer = LiveLog(str(tmp_path))
-    added = _rows([f"d{i}" for i in range(3)])
+    added = random_rows([f"d{i}" for i in range(3)])
     for i in range(3):
         _add(writer, added.slice(i, 1))
     log_path = tmp_path / "LOG"
@@ -424,13 +409,13 @@ def test_a_complete_last_record_that_fails_its_checksum_is_kept_aside_and_report
     kept = list((tmp_path / "corrupt").iterdir())
     assert [p.read_bytes() for p in kept] == [damaged] and reader.files()["corrupt"] == 1
     assert log_path.stat().st_size == ends[1]
-    _add(LiveLog(str(tmp_path)), _rows(["d9"], seed=6))
+    _add(LiveLog(str(tmp_path)), random_rows(["d9"], seed=6))
     assert _everything(tmp_path).keys() == {"d0", "d1", "d9"}
 
 
 def test_an_append_whose_fsync_fails_is_cut_off_before_the_error_and_no_reader_applies_it(tmp_path, monkeypatch):
     writer, reader = LiveLog(str(tmp_path)), LiveLog(str(tmp_path), expected=EXPECTED)
-    _add(writer, _rows(["s0"]))
+    _add(writer, random_rows(["s0"]))
     assert reader.poll().num_rows == 1
     size = (tmp_path / "LOG").stat().st_size
     seen = []
@@ -441,11 +426,11 @@ def test_an_append_whose_fsync_fails_is_cut_off_before_the_error_and_no_reader_a
 
     monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
     with pytest.raises(OSError, match="Input/output"):
-        _add(writer, _rows(["s1"], seed=1))
+        _add(writer, random_rows(["s1"], seed=1))
     assert seen and seen[0] > size  # the record was written, then ...
     assert (tmp_path / "LOG").stat().st_size == size and reader.poll() is None  # ... cut off before the error
     monkeypatch.undo()
-    _add(writer, _rows(["s2"], seed=2))  # the writer goes on from where the log stands
+    _add(writer, random_rows(["s2"], seed=2))  # the writer goes on from where the log stands
     assert _everything(tmp_path).keys() == {"s0", "s2"}
     assert reader.poll().column("image_id").to_pylist() == ["s2"]
 
@@ -453,10 +438,10 @@ def test_an_append_whose_fsync_fails_is_cut_off_before_the_error_and_no_reader_a
     monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
     monkeypatch.setattr(os, "ftruncate", lambda fd, n: (_ for _ in ()).throw(OSError(5, "Input/output error")))
     with pytest.raises(OSError):
-        _add(writer, _rows(["s3"], seed=3))
+        _add(writer, random_rows(["s3"], seed=3))
     monkeypatch.undo()
     with pytest.raises(LiveLogCorrupt, match="could not be cut off"):
-        _add(writer, _rows(["s4"], seed=4))
+        _add(writer, random_rows(["s4"], seed=4))
 
 
 # -- many processes at once ---------------------------------------------------------------------------------------
@@ -472,7 +457,10 @@ def _stress(tmp_path: Path, processes: int, adds: int, seed: int, budget_s: floa
     procs = [subprocess.Popen(cmd + [str(k)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in range(processes)]
     outs = [p.communicate(timeout=budget_s + 120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), (f"seed {seed}", [o[1][-3000:] for o in outs])
+    if any(p.returncode for p in procs):  # pytest.fail prints all of it: an assertion's message is cut short
+        pytest.fail(f"seed {seed}: " + "\n".join(
+            f"process {k} exited {p.returncode}, its result {'written' if (out_dir / f'{k}.json').exists() else 'missing'}:"
+            f"\n{err[-4000:]}" for k, (p, (_, err)) in enumerate(zip(procs, outs)) if p.returncode))
     results = [json.loads((out_dir / f"{k}.json").read_text()) for k in range(processes)]
     try:
         on_disk = _everything(live_dir)  # asserts each id is there once
@@ -501,7 +489,7 @@ def _stress_rows(k: int, adds: int) -> pa.Table:
     """Process k's rows: its own ids, then ids every process tries (each with this process's bytes)."""
     from live_log_stress import ids_of
 
-    return _rows(ids_of(k, adds), seed=100 + k)
+    return random_rows(ids_of(k, adds), seed=100 + k)
 
 
 def test_four_processes_adding_compacting_and_polling_keep_every_acknowledged_row_once(tmp_path):
@@ -536,7 +524,7 @@ def test_a_folder_an_older_release_wrote_is_read_and_appended_to(tmp_path):
 
     from edje.serving.live_record import record, segment_header
 
-    older = _as_an_older_release_wrote_it(_rows(["o0", "o1", "o2"]))
+    older = _as_an_older_release_wrote_it(random_rows(["o0", "o1", "o2"]))
     (tmp_path / "parts").mkdir()
     part = "0000000000000001-0000000000000002.parquet"
     pq.write_table(older.slice(0, 2), tmp_path / "parts" / part)
@@ -545,7 +533,7 @@ def test_a_folder_an_older_release_wrote_is_read_and_appended_to(tmp_path):
     (tmp_path / "LOG").write_bytes(segment_header(older.schema, 3) + record(3, older.slice(2, 1).to_batches()[0]))
     replica = LiveLog(str(tmp_path), LiveLogConfig(part_rows=2), expected=EXPECTED)
     assert replica.poll().column("image_id").to_pylist() == ["o0", "o1", "o2"]
-    new = _rows(["n0"], seed=1)
+    new = random_rows(["n0"], seed=1)
     _add(replica, new)  # this release's metadata bytes after the older ones
     replica.compact()
     assert _everything(tmp_path) == {**_by_id(older), **_by_id(new)}
