@@ -16,13 +16,15 @@ import argparse
 import json
 import sys
 
-import open_clip
 import torch
 
+from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.schemas.annotations import load_annotations
 from edje.training.backbone import image_embeddings, image_size, load_init, text_embeddings
 from edje.training.caption_rewrites import flip_orientation
+
+open_clip = open_clip_registry()  # with the project's configs registered
 
 
 def oriented_pairs(annotations: str, limit: int) -> tuple:

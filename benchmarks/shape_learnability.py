@@ -13,15 +13,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-import open_clip
 import torch
 import torch.nn.functional as F
 
-import edje.model.backbone  # noqa: F401  registers the project's configs
 from edje.evaluation.probes import presence_labels
+from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.schemas.annotations import load_annotations
 from edje.training.backbone import image_size, preprocess, world_records
+
+open_clip = open_clip_registry()  # with the project's configs registered
 
 
 def pooled_features(visual: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

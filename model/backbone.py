@@ -8,97 +8,16 @@ any built-in model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
-import open_clip
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edje.model.backbone_registry import open_clip_registry
 from edje.model.backbone_weights import model_config, resolve
 from edje.schemas.config import BackboneConfig
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-open_clip.add_model_config(CONFIG_DIR)
-
-
-class ConvStemPatchEmbed(nn.Module):
-    """timm's PatchEmbed with a stack of stride-2 3x3 convolutions in place of one patch projection
-    ("Early Convolutions Help Transformers See Better", Xiao et al. 2021): one token per patch."""
-
-    def __init__(self, img_size=64, patch_size=8, in_chans=3, embed_dim=128, bias=True, **_):
-        from timm.layers import PatchEmbed
-
-        super().__init__()
-        # Borrow PatchEmbed's bookkeeping (grid size, feat_ratio, dynamic size) that timm's ViT reads.
-        ref = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
-        self.img_size, self.patch_size, self.grid_size = ref.img_size, ref.patch_size, ref.grid_size
-        self.num_patches, self.flatten, self.output_fmt = ref.num_patches, True, ref.output_fmt
-        self.dynamic_img_pad, self.strict_img_size = False, True
-        stages = int(round(np.log2(self.patch_size[0])))  # stride-2 stages to reach one token per patch
-        layers: list = [nn.Conv2d(in_chans, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True)]
-        width = 32
-        for i in range(stages):
-            out = min(256, 32 * 2 ** (i + 1))
-            layers += [nn.Conv2d(width, out, 3, 2, 1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
-            width = out
-        layers.append(nn.Conv2d(width, embed_dim, 1, bias=bias))
-        self.proj = nn.Sequential(*layers)
-        self.norm = nn.Identity()
-
-    def feat_ratio(self, as_scalar: bool = True):
-        """Downsampling factor, as timm's PatchEmbed reports it."""
-        return max(self.patch_size) if as_scalar else self.patch_size
-
-    def dynamic_feat_size(self, img_size):
-        """Token grid for an input size."""
-        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, 3, H, W] -> [B, (H/p)*(W/p), embed_dim]."""
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
-def _register_timm_models() -> None:
-    """A tiny SigLIP-style timm ViT (no class token, MAP pooling) for tests and the embedded default."""
-    import timm
-    from timm.models import register_model
-    from timm.models.vision_transformer import VisionTransformer
-
-    if "vit_edje_tiny_siglip_64" in timm.list_models("vit_edje_*"):
-        return
-
-    def build(args: dict, kwargs: dict) -> VisionTransformer:
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm factory bookkeeping
-            kwargs.pop(key, None)
-        return VisionTransformer(**{**args, **kwargs})
-
-    convstem = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=4.0, class_token=False, global_pool="avg",
-                    embed_layer=ConvStemPatchEmbed)
-
-    @register_model
-    def vit_edje_tiny_convstem_128(pretrained: bool = False, **kwargs) -> VisionTransformer:
-        """The same ViT over a 4-stage convolutional stem at the sample world's native 128 px: still
-        64 tokens (8 x 8 grid), but a small object spans 19 px instead of 10 when the stem sees it."""
-        return build(dict(img_size=128, patch_size=16, **convstem), kwargs)
-
-    @register_model
-    def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:
-        """A 4-layer ViT over a convolutional stem: 64 tokens (8 x 8 grid) of 128 channels, mean-pooled.
-
-        The stem's 3x3 convolutions see the outline of a 10-pixel object that one 8 x 8 patch
-        projection cuts apart; a patch-8 ViT of this size never learned shape (BENCHMARKS.md)."""
-        return build(dict(img_size=64, patch_size=8, **convstem), kwargs)
-
-    @register_model
-    def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:
-        return build(dict(img_size=64, patch_size=8, embed_dim=96, depth=2, num_heads=2, class_token=False,
-                          global_pool="map", fc_norm=False), kwargs)
-
-
-_register_timm_models()
 
 
 def default_feature_layer(name: str, revision: Optional[str] = None) -> str:
@@ -116,6 +35,8 @@ def feature_layer_of(cfg: dict) -> str:
         pool = vision.get("timm_pool", "avg")
         if pool in ("", None):  # the trunk's own pooling
             import timm
+
+            open_clip_registry()  # registers the project's timm towers by name
             pool = getattr(timm.create_model(vision["timm_model_name"], pretrained=False), "global_pool", "avg")
         return "penultimate" if pool == "token" else "final"
     if not vision:
@@ -146,6 +67,7 @@ class VisionBackbone(nn.Module):
         self.clip = clip.eval().requires_grad_(False)
         self.visual = clip.visual
         self.is_timm = hasattr(self.visual, "trunk")
+        open_clip = open_clip_registry()
         pp = open_clip.get_model_preprocess_cfg(clip)
         size = pp.get("size", 224)
         size = size[0] if isinstance(size, (tuple, list)) else size
@@ -179,6 +101,7 @@ class VisionBackbone(nn.Module):
         """Build from what `cfg` names (a registry name with a tag or a local file, an hf-hub repository, or random
         weights), at its recorded hub commit and checked against its recorded sha256 (model/backbone_weights.py)."""
         r = resolve(cfg)
+        open_clip = open_clip_registry()
         if r.weights_file is None or r.open_clip_name.startswith("local-dir:"):
             # Random weights are random: no tower's weights are fetched (open_clip would load an HF text tower's
             # by default), and a repository's weights are the resolved file, not whatever its folder holds.
@@ -200,7 +123,7 @@ class VisionBackbone(nn.Module):
     def tokenizer(self):
         # Lazy: SigLIP2 tokenizers come from a hub; timing the image tower must not need one.
         if self._tokenizer is None:
-            self._tokenizer = open_clip.get_tokenizer(self.open_clip_name)
+            self._tokenizer = open_clip_registry().get_tokenizer(self.open_clip_name)
         return self._tokenizer
 
     # ------------------------------------------------------------ images

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from edje.model.backbone_registry import open_clip_registry
 from edje.schemas.config import BackboneConfig
 from edje.schemas.weights import check_weights, find_weights, weights_sha256
 from edje.storage.hub import CheckpointNotFound, hub_file, hub_snapshot, snapshot_commit, unavailable
@@ -76,10 +77,8 @@ def pin(cfg: BackboneConfig) -> BackboneConfig:
 
 def model_config(name: str, revision: Optional[str] = None) -> Dict:
     """open_clip's model config of a registry name or an hf-hub repository (its open_clip_config.json)."""
-    import open_clip
-
     if not is_hub_name(name):
-        return open_clip.get_model_config(name) or {}
+        return open_clip_registry().get_model_config(name) or {}
     try:
         path, _ = hub_file(name[len(HF_HUB):], CONFIG_FILE, revision)
     except Exception as e:
@@ -125,8 +124,9 @@ def _hub_repository(cfg: BackboneConfig, fetch_weights: bool) -> ResolvedBackbon
 
 def _tag(cfg: BackboneConfig, fetch_weights: bool) -> ResolvedBackbone:
     """An open_clip registry tag: the file its pretrained config names, from the hub (pinned) or its URL."""
-    import open_clip
     from open_clip.pretrained import download_pretrained
+
+    open_clip = open_clip_registry()
 
     pcfg = open_clip.get_pretrained_cfg(cfg.name, cfg.pretrained)
     if not pcfg:

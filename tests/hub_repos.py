@@ -22,9 +22,9 @@ MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer
 
 def open_clip_repository(backbone: str) -> Dict[str, Union[bytes, Path]]:
     """The files of an open_clip hub repository holding a shipped backbone and its shipped weights."""
-    import open_clip
+    from edje.model.backbone_registry import open_clip_registry
 
-    import edje.model.backbone  # noqa: F401 - registers the project's configs with open_clip
+    open_clip = open_clip_registry()
 
     config = {"model_cfg": open_clip.get_model_config(backbone),
               "preprocess_cfg": {"mean": list(open_clip.OPENAI_DATASET_MEAN), "std": list(open_clip.OPENAI_DATASET_STD),

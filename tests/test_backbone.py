@@ -1,12 +1,14 @@
 """Vision backbone over open_clip: native and timm towers, feature layers, local checkpoints."""
 import numpy as np
-import open_clip
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from edje.model.backbone import VisionBackbone
+from edje.model.backbone_registry import open_clip_registry
 from edje.schemas.config import BackboneConfig
+
+open_clip = open_clip_registry()  # with the project's configs (edje-tiny-clip, ...) registered
 
 
 @pytest.mark.parametrize("name,shape", [("edje-tiny-clip", (65, 128)), ("edje-tiny-timm", (64, 96))])

@@ -6,13 +6,15 @@ import json
 import re
 
 import numpy as np
-import open_clip
 import pytest
 import torch
 
+from edje.model.backbone_registry import open_clip_registry
 from edje.sampleworld import WorldConfig, generate
 from edje.sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, colour_caption, shape_caption
 from edje.training.backbone import BackboneTrainConfig, attribute_set_ids, caption_rates, partial_captions, train_backbone, world_records
+
+open_clip = open_clip_registry()  # with the project's configs (edje-tiny-clip, ...) registered
 
 
 @pytest.fixture(scope="module")

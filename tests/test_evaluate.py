@@ -51,7 +51,8 @@ def tiny_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalworld")
     generate(WorldConfig(seed=123, n_train=0, n_val=0, n_test=32), root / "world")
     torch.manual_seed(0)
-    import open_clip
+    from edje.model.backbone_registry import open_clip_registry
+    open_clip = open_clip_registry()
     weights = root / "backbone.safetensors"
     save_file({k: v.contiguous() for k, v in open_clip.create_model("edje-tiny-clip").state_dict().items()}, str(weights))
     backbone = VisionBackbone.create(BackboneConfig("edje-tiny-clip", pretrained=str(weights)))

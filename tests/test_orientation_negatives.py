@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-import edje.model.backbone  # noqa: F401  registers the project's open_clip configs
+from edje.model.backbone_registry import open_clip_registry
 from edje.sampleworld import generate
 from edje.sampleworld.open_world import open_world_config
 from edje.training.backbone import (
@@ -23,6 +22,8 @@ from edje.training.backbone import (
 )
 from edje.training.caption_rewrites import flip_axis
 from edje.training.orientation_negatives import OrientationNegatives
+
+open_clip = open_clip_registry()  # with the project's configs (edje-tiny-clip, ...) registered
 
 CAPTIONS = ["a left-facing dog", "a right-facing dog", "a left-facing cat to the left of a car", "a red car",
             "a right-facing cat"]

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import numpy as np
-import open_clip
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import edje.model.backbone  # noqa: F401  registers the project's open_clip configs
+from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
 from edje.sampleworld.captions import colour_caption, shape_caption
@@ -34,6 +33,8 @@ from edje.schemas.cli_options import option
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 from edje.training.mirror_pairs import add_mirrors, mirror_pair_mask, mirror_rows, mirrored_captions
 from edje.training.orientation_negatives import OrientationNegatives
+
+open_clip = open_clip_registry()  # backbone training builds open_clip models by the project's config names
 
 
 @dataclass(frozen=True)
