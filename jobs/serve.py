@@ -92,11 +92,11 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Deploy, wait for health (retrying a failed start), print where it listens."""
+    args = parse(argv)  # first: --help and a bad flag answer before the app's imports (torch, transformers, Serve)
     from edje.serving.app import build, check_models
     from edje.serving.startup import ServeStartError, init_ray, start_serve
     from edje.storage.hub import CheckpointNotFound, hub_env
 
-    args = parse(argv)
     cfg = config_from_args(args)
     startup = from_args(StartupConfig, args)
     try:
