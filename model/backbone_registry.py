@@ -99,4 +99,3 @@ def _register_timm_towers() -> None:
     def vit_edje_tiny_siglip_64(pretrained: bool = False, **kwargs) -> VisionTransformer:
         return build(dict(img_size=64, patch_size=8, embed_dim=96, depth=2, num_heads=2, class_token=False,
                           global_pool="map", fc_norm=False), kwargs)
-
