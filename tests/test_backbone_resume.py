@@ -123,3 +123,30 @@ def test_a_run_from_init_starts_from_those_weights(world, tmp_path):
     with pytest.raises(ValueError, match="holds weights of edje-tiny-convvit, not edje-tiny-convvit-128"):
         train_backbone(replace(frozen, model="edje-tiny-convvit-128", output=str(tmp_path / "other.safetensors")),
                        log=quiet)
+
+
+def test_a_locked_image_tower_trains_the_text_tower_alone_and_resumes(world, tmp_path):
+    torch.set_num_threads(1)
+    quiet = lambda s: None
+    base = _config(world, tmp_path, "base", epochs=1, storage_path=None)
+    train_backbone(base, log=quiet)
+    # Mirror rows and neighbour batches (epoch 2) both read the cached embeddings; rewritten captions draw from the rng.
+    locked = dict(init=base.output, lock_image=True, text_augment=0.5, mirror_fraction=0.5, lr=5e-3)
+    train_backbone(_config(world, tmp_path, "lit", **locked), log=quiet)
+    a, b = load_file(base.output), load_file(str(tmp_path / "lit.safetensors"))
+    visual = [k for k in a if k.startswith("visual.")]
+    # Every image-tower tensor, BatchNorm's running statistics included: tables encoded with the init stay valid.
+    assert len(visual) > 20 and all(torch.equal(a[k], b[k]) for k in visual)
+    assert not torch.equal(a["text_projection"], b["text_projection"]) and not torch.equal(
+        a["token_embedding.weight"], b["token_embedding.weight"])
+    assert json.loads((tmp_path / "lit.json").read_text())["config"]["lock_image"] is True
+
+    cfg = _config(world, tmp_path, "lit_killed", checkpoint_every=2, **locked)
+    with pytest.raises(Killed):
+        train_backbone(cfg, log=_kill_at("epoch 2/2 batch 2/"))
+    train_backbone(cfg, log=quiet)
+    _same_run(_final_state(tmp_path, "lit_killed"), _final_state(tmp_path, "lit"))
+    with pytest.raises(ValueError, match="lock_image keeps the image tower of --init"):
+        _config(world, tmp_path, "no_init", lock_image=True)
+    with pytest.raises(ValueError, match="text_augment must be in"):
+        _config(world, tmp_path, "rate", text_augment=2.0)

@@ -33,6 +33,7 @@ from edje.schemas.cli_options import option
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 from edje.training.mirror_pairs import add_mirrors, mirror_pair_mask, mirror_rows, mirrored_captions
 from edje.training.orientation_negatives import OrientationNegatives
+from edje.training.text_augment import augment_batch
 
 open_clip = open_clip_registry()  # backbone training builds open_clip models by the project's config names
 
@@ -107,6 +108,13 @@ class BackboneTrainConfig:
                                          "resumes from it, with the same batches from there on as a run never stopped")
     name: Optional[str] = option(None, help="the run's subfolder of --storage-path (default: the --output file's stem)")
     checkpoint_every: int = option(100, help="steps between checkpoints (with --storage-path; also one at the end)")
+    # LiT (Zhai et al., 2022): the image tower stays as --init wrote it, so tables encoded with it stay valid, and its
+    # embeddings are computed once (in eval mode, as serving computes them): a step costs the text tower alone.
+    lock_image: bool = option(False, help="train the text tower alone on the --init image tower, left unchanged "
+                              "(LiT); image embeddings are computed once")
+    # training/text_augment.py: EDA's and AEDA's word-level operations, for a text tower that reads past phrasing.
+    text_augment: float = option(0.0, help="share of the batch's captions rewritten each step by a random swap, "
+                                 "deletion or punctuation insertion (EDA, AEDA)")
 
     def __post_init__(self):
         if self.checkpoint_every < 1:
@@ -115,6 +123,10 @@ class BackboneTrainConfig:
             raise ValueError(f"mirror_fraction must be in [0, 1], got {self.mirror_fraction}")
         if self.orientation_text_margin is not None and not self.orientation_negatives:
             raise ValueError("orientation_text_margin works on the orientation negatives: set orientation_negatives")
+        if not 0.0 <= self.text_augment <= 1.0:
+            raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
+        if self.lock_image and not self.init:
+            raise ValueError("lock_image keeps the image tower of --init: give init=<backbone .safetensors>")
         if self.mirror_fraction > 0 and (self.shape_caption_rate or self.colour_caption_rate
                                          or self.shape_caption_rate_end):
             raise ValueError("mirror pairs and the shape- or colour-only captions do not combine: a partial caption "
@@ -233,14 +245,14 @@ def partial_captions(ids: torch.Tensor, idx: np.ndarray, rates: tuple, scenes, t
     return ids, *(torch.from_numpy(rows[k]).to(ids.device) for k in ("shape", "colour"))
 
 
-def epoch_plan(cfg: BackboneTrainConfig, epoch: int, clip: torch.nn.Module, images: torch.Tensor, per_image,
+def epoch_plan(cfg: BackboneTrainConfig, epoch: int, n: int, embeddings: Callable[[], np.ndarray], per_image,
                rng: np.random.Generator) -> tuple:
-    """(caption index per image [N], batches of image indices) of a 0-based epoch: all its sampling."""
-    n = len(images)
+    """(caption index per image [N], batches of image indices) of a 0-based epoch: all its sampling (``embeddings``:
+    the N images' current embeddings, asked for only when the epoch has neighbour batches)."""
     # One caption per image per epoch, drawn at random: every caption is seen over the run.
     caption_pick = np.array([rng.choice(per_image[i]) for i in range(n)])
     if cfg.neighbour_fraction > 0 and epoch + 1 >= cfg.neighbour_start:
-        clusters = neighbour_clusters(image_embeddings(clip, images), cfg.cluster_size, rng)
+        clusters = neighbour_clusters(embeddings(), cfg.cluster_size, rng)
         return caption_pick, mixed_batches(n, cfg.batch_size, cfg.neighbour_fraction, clusters, rng)
     order = rng.permutation(n)
     return caption_pick, [order[b * cfg.batch_size:(b + 1) * cfg.batch_size] for b in range(math.ceil(n / cfg.batch_size))]
@@ -290,11 +302,31 @@ def with_orientation_negatives(clip: torch.nn.Module, img: torch.Tensor, txt: to
 
 
 @torch.no_grad()
-def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 512) -> np.ndarray:
-    """Normalised image embeddings of uint8 images [N, S, S, 3], in eval mode."""
+def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 512, mirrored: bool = False) -> np.ndarray:
+    """Normalised image embeddings of uint8 images [N, S, S, 3] (each mirrored left-right first if ``mirrored``), in
+    eval mode."""
     clip.eval()
-    return torch.cat([F.normalize(clip.encode_image(preprocess(clip, images[i:i + batch])), dim=-1)
+    return torch.cat([F.normalize(clip.encode_image(preprocess(clip, images[i:i + batch].flip(2) if mirrored
+                                                               else images[i:i + batch])), dim=-1)
                       for i in range(0, len(images), batch)]).cpu().numpy()
+
+
+class LockedImageTower:
+    """The image tower frozen (LiT): every image's embedding, and its mirror's, computed once, served by batch row."""
+
+    def __init__(self, clip: torch.nn.Module, images: torch.Tensor, with_mirrors: bool):
+        for p in clip.visual.parameters():
+            p.requires_grad_(False)
+        self.plain = torch.from_numpy(image_embeddings(clip, images)).to(images.device)
+        self.mirror = (torch.from_numpy(image_embeddings(clip, images, mirrored=True)).to(images.device)
+                       if with_mirrors else None)
+
+    def batch(self, idx: np.ndarray, again: Optional[np.ndarray]) -> torch.Tensor:
+        """Embeddings of a batch's rows: images ``idx``, then the rows ``again`` of it mirrored (as `add_mirrors`)."""
+        rows = [self.plain[torch.from_numpy(idx)]]
+        if again is not None and len(again):
+            rows.append(self.mirror[torch.from_numpy(idx[again])])
+        return torch.cat(rows)
 
 
 @torch.no_grad()
@@ -329,6 +361,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         mirror_ids = tokenizer(flipped).to(device)
     negatives = OrientationNegatives(train.captions, tokenizer, device) if cfg.orientation_negatives else None
     per_image = train.image_to_captions()
+    locked = LockedImageTower(clip, images, cfg.mirror_fraction > 0) if cfg.lock_image else None
     groups = scenes = None
     partial_rates = [caption_rates(cfg, e) for e in range(cfg.epochs)]  # checks every epoch's rates up front
     if cfg.world:
@@ -347,8 +380,9 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         evaluation = (ev, torch.from_numpy(load_image_files(ev.image_paths, size)).to(device))
     steps_per_epoch = math.ceil(train.num_images / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
-    decay = [p for n, p in clip.named_parameters() if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in clip.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
+    trained = [(n, p) for n, p in clip.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trained if p.ndim >= 2 and "embedding" not in n]
+    no_decay = [p for n, p in trained if not (p.ndim >= 2 and "embedding" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps)
@@ -390,7 +424,9 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     for epoch in range(first_epoch, last):
         if plan is None:
-            plan, losses = epoch_plan(cfg, epoch, clip, images, per_image, rng), []
+            embeddings = ((lambda: locked.plain.cpu().numpy()) if locked is not None
+                          else (lambda: image_embeddings(clip, images)))
+            plan, losses = epoch_plan(cfg, epoch, len(images), embeddings, per_image, rng), []
         caption_pick, batches = plan
         clip.train()
         # About ten lines an epoch: an epoch of a large set takes minutes with nothing else to show.
@@ -405,13 +441,22 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
             if sum(partial_rates[epoch]) > 0:
                 ids, shape_rows, colour_rows = partial_captions(ids, idx, partial_rates[epoch], scenes, tokenizer, rng)
             pixels, captions = images[idx], [train.captions[j] for j in caption_pick[idx]]
+            if cfg.text_augment > 0:
+                captions, rewritten = augment_batch(captions, cfg.text_augment, rng)
+                if rewritten:
+                    ids = ids.clone()
+                    ids[rewritten] = tokenizer([captions[r] for r in rewritten]).to(device)
             source = torch.arange(len(idx), device=device)  # each row's row among the batch's originals
+            again = None
             if mirror_ids is not None:
                 again = mirror_rows(mirrorable[caption_pick[idx]], cfg.mirror_fraction, rng)
                 rows = caption_pick[idx[again]]
                 pixels, ids, captions, source = add_mirrors(pixels, ids, captions, again, mirror_ids[rows],
                                                             [flipped[j] for j in rows])
-            img = F.normalize(clip.encode_image(preprocess(clip, pixels)), dim=-1)
+            if locked is not None:
+                img = locked.batch(idx, again)
+            else:
+                img = F.normalize(clip.encode_image(preprocess(clip, pixels)), dim=-1)
             txt = F.normalize(clip.encode_text(ids), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
             eye = torch.eye(len(source), dtype=torch.bool, device=device)

@@ -1,0 +1,47 @@
+"""Caption augmentation for contrastive text-tower training: the generic word-level operations of EDA (Wei and Zou,
+2019: random swap, random deletion) and AEDA (Karimi et al., 2021: random punctuation insertion).
+
+A backbone trained on one corpus's phrasing reads another phrasing badly: its text tower has only seen the word
+orders and punctuation of its training captions. These operations know no vocabulary and no world: they perturb a
+caption's form while keeping most of its words, so the text tower learns to read past the form. A swap can move a
+relation's words, so the rate is a share of captions, and most captions stay as written.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+# AEDA's punctuation marks, as the paper inserts them.
+PUNCTUATION = (".", ";", "?", ":", "!", ",")
+OPERATIONS = ("swap", "delete", "punctuate")
+
+
+def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1) -> str:
+    """``caption`` with one operation drawn at random: ``max(1, alpha * words)`` random swaps, each word deleted with
+    probability ``alpha`` (at least one kept), or between 1 and a third of the words in punctuation marks inserted."""
+    words = caption.split()
+    if len(words) < 2:
+        return caption
+    op = OPERATIONS[rng.integers(len(OPERATIONS))]
+    if op == "swap":
+        for _ in range(max(1, int(alpha * len(words)))):
+            i, j = rng.choice(len(words), size=2, replace=False)
+            words[i], words[j] = words[j], words[i]
+    elif op == "delete":
+        kept = [w for w, u in zip(words, rng.random(len(words))) if u >= alpha]
+        words = kept or [words[rng.integers(len(words))]]
+    else:
+        for _ in range(rng.integers(1, max(1, len(words) // 3) + 1)):
+            words.insert(int(rng.integers(len(words) + 1)), PUNCTUATION[rng.integers(len(PUNCTUATION))])
+    return " ".join(words)
+
+
+def augment_batch(captions: Sequence[str], rate: float, rng: np.random.Generator,
+                  alpha: float = 0.1) -> Tuple[List[str], List[int]]:
+    """The batch's captions with each rewritten by `augment_caption` with probability ``rate``, and the rewritten rows."""
+    rows = np.flatnonzero(rng.random(len(captions)) < rate).tolist()
+    out = list(captions)
+    for r in rows:
+        out[r] = augment_caption(out[r], rng, alpha)
+    return out, rows
