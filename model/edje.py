@@ -13,16 +13,12 @@ from safetensors.torch import load, save
 from torch import nn
 
 from edje.model.adapters import build_adapter
+from edje.model.checkpoint_files import CONFIG, TOKENIZER, WEIGHTS, CheckpointError, local_tokenizer, read_checkpoint_config
 from edje.model.joint_encoder import JointEncoder
 from edje.schemas.config import EDJEConfig, from_dict, to_json
 
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-TOKENIZER = "tokenizer"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, or does not match the config it is loaded with."""
+__all__ = ["CONFIG", "TOKENIZER", "WEIGHTS", "CheckpointError", "EDJEModel", "load_checkpoint", "load_state",
+           "local_tokenizer", "read_checkpoint_config", "save_checkpoint"]
 
 
 class EDJEModel(nn.Module):
@@ -96,15 +92,6 @@ def save_checkpoint(model: EDJEModel, path: str, extra: Optional[dict] = None,
             fs.put(tmp + "/", f"{root}/{TOKENIZER}", recursive=True)
 
 
-def read_checkpoint_config(path: str) -> dict:
-    """The JSON side of a checkpoint: {'config': EDJEConfig dict, 'adapter_hash': ..., ...}."""
-    fs, root = fsspec.core.url_to_fs(path)
-    if not fs.exists(f"{root}/{CONFIG}"):
-        raise CheckpointError(f"{path} is not an EDJE checkpoint: {CONFIG} is missing")
-    with fs.open(f"{root}/{CONFIG}") as f:
-        return json.load(f)
-
-
 def load_checkpoint(path: str, expected: Optional[EDJEConfig] = None, map_location: str = "cpu") -> EDJEModel:
     """Rebuild an EDJEModel from a checkpoint dir; raise CheckpointError naming any mismatch."""
     meta = read_checkpoint_config(path)
@@ -143,15 +130,6 @@ def load_state(module: nn.Module, state: dict, where: str) -> None:
         if tuple(v.shape) != tuple(own[k].shape):
             raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the config expects {list(own[k].shape)}")
     module.load_state_dict(state, strict=False)  # every key was checked above; tied ones follow their twin
-
-
-def local_tokenizer(fs, root: str) -> str:
-    if "file" in fs.protocol:
-        return os.path.join(root, TOKENIZER)
-    import tempfile
-    tmp = tempfile.mkdtemp(prefix="edje-tok-")
-    fs.get(f"{root}/{TOKENIZER}/", tmp, recursive=True)
-    return tmp
 
 
 def _cast(t: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import asdict, dataclass
 from typing import Optional
 
 import fsspec
 import numpy as np
-import torch
 
 RANKING_KEY = "ranking"
 
@@ -75,7 +75,9 @@ class RankingConfig:
         """Ranking scores: ITM logits plus w x first-stage similarity (numpy arrays or torch tensors)."""
         if self.first_stage_weight == 0:
             return itm_logits
-        if isinstance(itm_logits, torch.Tensor):
+        # torch is looked up, not imported: a tensor means it is loaded, and the ingress (numpy only) starts without it.
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(itm_logits, torch.Tensor):
             return itm_logits + self.first_stage_weight * torch.as_tensor(similarity, dtype=itm_logits.dtype,
                                                                           device=itm_logits.device)
         return itm_logits + self.first_stage_weight * np.asarray(similarity, dtype=np.float32)

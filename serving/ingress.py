@@ -35,6 +35,7 @@ from fastapi import FastAPI, HTTPException, Response
 from fastapi.exceptions import RequestValidationError
 from ray import serve
 
+from edje.model.checkpoint_files import fast_tokenizer, local_tokenizer, read_checkpoint_config
 from edje.model.ranking import RANKING_KEY, RankingConfig
 from edje.schemas.api import ResponseMeta, TruncatedText, Truncation, Usage, request_models
 from edje.serving import routes_corpus, routes_meta, routes_rank
@@ -73,19 +74,24 @@ class TextLimit:
 
     @classmethod
     def of_checkpoint(cls, checkpoint: str, meta: dict) -> "TextLimit":
-        """The checkpoint's tokenizer (its `tokenizer/` folder, fetched when remote) and max_text_tokens."""
+        """The checkpoint's tokenizer and max_text_tokens: its tokenizer.json read by `tokenizers` alone (no torch in
+        the ingress), or transformers' AutoTokenizer on its `tokenizer/` folder (fetched when remote) without one."""
+        limit = meta["config"]["encoder"]["max_text_tokens"]
+        fast = fast_tokenizer(checkpoint)
+        if fast is not None:
+            return cls(fast, limit)
         import fsspec
         from transformers import AutoTokenizer
 
-        from edje.model.edje import local_tokenizer  # the folder load_checkpoint reads, without the weights
-
         fs, root = fsspec.core.url_to_fs(checkpoint)
-        return cls(AutoTokenizer.from_pretrained(local_tokenizer(fs, root)), meta["config"]["encoder"]["max_text_tokens"])
+        return cls(AutoTokenizer.from_pretrained(local_tokenizer(fs, root)), limit)
 
     def count(self, texts: Sequence[str]) -> List[int]:
         """Wordpieces of each text, special tokens excluded."""
         if not texts:
             return []
+        if hasattr(self.tokenizer, "encode_batch"):  # a `tokenizers.Tokenizer`
+            return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
         ids = self.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
         return [len(x) for x in ids]
 
@@ -108,7 +114,6 @@ class Ingress:
         self.checkpoint_meta = None
         self.ranking = RankingConfig()
         if config.checkpoint:
-            from edje.model.edje import read_checkpoint_config
             self.checkpoint_meta = read_checkpoint_config(config.checkpoint)
             # The checkpoint's ranking rule, the same one jobs/evaluate.py reports (model/ranking.py).
             self.ranking = RankingConfig(**self.checkpoint_meta.get(RANKING_KEY, {}))

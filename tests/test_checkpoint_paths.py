@@ -56,3 +56,25 @@ def test_encode_accepts_the_recorded_weights_under_another_path(tmp_path):
     assert resolve_backbone(None, shipped, None, str(adapter)).pretrained == shipped
     with pytest.raises(ValueError, match="does not match the adapter checkpoint"):
         resolve_backbone(None, str(ROOT / "checkpoints/edje-tiny-clip-sw.safetensors"), None, str(adapter))
+
+
+def test_a_remote_checkpoints_tokenizer_is_copied_once_by_content(tmp_path, tiny_edje_config, monkeypatch):
+    """A checkpoint on another filesystem (fsspec's memory one stands in for S3): its tokenizer is copied to the cache
+    once, named by its files' content, and loading it again reuses that copy (no new temporary folder each load)."""
+    import fsspec
+
+    from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    save_checkpoint(EDJEModel(tiny_edje_config), "memory://remote/ckpt")
+    try:
+        first, again = load_checkpoint("memory://remote/ckpt"), load_checkpoint("memory://remote/ckpt")
+        folder = Path(first.config.encoder.tokenizer)
+        assert again.config.encoder.tokenizer == str(folder) and folder.parent == tmp_path / "cache" / "edje" / "tokenizers"
+        assert [p.name for p in folder.parent.iterdir()] == [folder.name], "one folder, no partial copies left"
+        remote = fsspec.filesystem("memory")
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            Path(p).name for p in remote.find("/remote/ckpt/tokenizer"))
+        assert first.encoder.tokenizer("a red circle")["input_ids"] == again.encoder.tokenizer("a red circle")["input_ids"]
+    finally:
+        fsspec.filesystem("memory").rm("/remote", recursive=True)

@@ -8,6 +8,10 @@ are not under test here: tests/test_serving.py compares served scores with the m
 """
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -295,3 +299,47 @@ def test_the_admission_gate_refuses_beyond_its_limit_at_once_and_frees_each_slot
     assert "2 requests in flight" in refused.json()["detail"]
     assert health.status_code == 200 and [r.status_code for r in answered] == [200, 200]
     assert failed.status_code == 500 and [r.status_code for r in after] == [200, 200, 200] and in_flight == 0
+
+
+# ------------------------------------------------------------------------------------------ the ingress's weight
+INGRESS_PROBE = """
+import json, sys
+import numpy as np
+from edje.model.checkpoint_files import read_checkpoint_config
+from edje.model.ranking import read_ranking
+from edje.serving.ingress import TextLimit
+ck, texts = sys.argv[1], json.loads(sys.argv[2])
+limit = TextLimit.of_checkpoint(ck, read_checkpoint_config(ck))
+read_ranking(ck).fuse(np.zeros(2, np.float32), [0.5, 0.25])
+print(json.dumps([limit.count(texts), sorted(m for m in ("torch", "transformers") if m in sys.modules)]))
+"""
+
+
+def test_the_ingress_reads_a_checkpoint_without_torch_and_counts_as_the_model_does(tmp_path):
+    """The ingress replica imports no torch or transformers: its module, the checkpoint's config and ranking rule, and
+    the tokenizer.json it measures texts with; the counts equal transformers' on the same folder, and a checkpoint
+    whose tokenizer has no tokenizer.json is measured by transformers."""
+    from transformers import AutoTokenizer
+
+    from edje.model.checkpoint_files import read_checkpoint_config
+    from edje.serving.ingress import TextLimit
+
+    texts = ["a small dog facing left", "dog (small, facing left) left of cat (large); Naïve café, über-long", "",
+             _words(90)]
+    out = subprocess.run([sys.executable, "-c", INGRESS_PROBE, str(CHECKPOINT), json.dumps(texts)],
+                         capture_output=True, text=True, check=True).stdout
+    counts, heavy = json.loads(out.strip().splitlines()[-1])
+    assert heavy == [], f"the ingress imported {heavy}"
+    slow = AutoTokenizer.from_pretrained(str(CHECKPOINT) + "/tokenizer")
+    assert counts == [len(x) for x in slow(texts, add_special_tokens=False)["input_ids"]] and counts[2] == 0
+
+    # A tokenizer saved without its fast file: transformers measures it, with the same counts.
+    copy = tmp_path / "ck"
+    shutil.copytree(CHECKPOINT, copy)
+    (copy / "tokenizer" / "tokenizer.json").unlink()
+    slow.save_pretrained(str(tmp_path / "vocab"), legacy_format=True)
+    for f in (tmp_path / "vocab").iterdir():
+        if f.name != "tokenizer.json":
+            shutil.copy(f, copy / "tokenizer" / f.name)
+    fallback = TextLimit.of_checkpoint(str(copy), read_checkpoint_config(str(copy)))
+    assert not hasattr(fallback.tokenizer, "encode_batch") and fallback.count(texts) == counts
