@@ -1,7 +1,7 @@
 """An EDJE checkpoint's files (config.json, model.safetensors, tokenizer/) and what reads them without torch.
 
 The serving ingress reads a checkpoint's ranking rule and measures texts with its tokenizer; neither needs the
-model, so neither imports torch or transformers (a quarter of the ingress replica's memory).
+model, so neither imports torch or transformers (the ingress replica starts in a fifth of the memory).
 """
 from __future__ import annotations
 

@@ -17,9 +17,6 @@ from edje.model.checkpoint_files import CONFIG, TOKENIZER, WEIGHTS, CheckpointEr
 from edje.model.joint_encoder import JointEncoder
 from edje.schemas.config import EDJEConfig, from_dict, to_json
 
-__all__ = ["CONFIG", "TOKENIZER", "WEIGHTS", "CheckpointError", "EDJEModel", "load_checkpoint", "load_state",
-           "local_tokenizer", "read_checkpoint_config", "save_checkpoint"]
-
 
 class EDJEModel(nn.Module):
     """Adapter (backbone tokens -> LM tokens) followed by the joint encoder."""
