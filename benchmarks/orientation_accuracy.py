@@ -54,8 +54,7 @@ def orientation_accuracy(model: str, pretrained: str, annotations: str, limit: i
     if not paths:
         raise ValueError(f"no caption in {annotations} has a side of orientation (left-facing, facing right)")
     pixels = torch.from_numpy(load_image_files(paths, image_size(clip)))
-    # [N, H, W, 3]: dim 2 is the width
-    img, mirror = image_embeddings(clip, pixels, batch), image_embeddings(clip, pixels.flip(2), batch)
+    img, mirror = image_embeddings(clip, pixels, batch), image_embeddings(clip, pixels, batch, mirrored=True)
     txt, flip = text_embeddings(clip, tokenizer, captions, batch), text_embeddings(clip, tokenizer, flips, batch)
     pct = lambda won: round(100.0 * float(won.mean()), 1)
     return {"images": len(paths),
