@@ -83,6 +83,29 @@ def sigmoid(x):
     return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64)))
 
 
+def test_the_ingress_replicas_hold_no_torch(served):
+    """Each app's ingress replica, as Serve runs it, has not loaded torch (its memory map holds no libtorch), while a
+    reranker replica has: the ingress reads the checkpoint's config and tokenizer without the model."""
+    from pathlib import Path
+
+    def replicas(deployment: str) -> dict:
+        """pid -> memory map of the live Serve replica processes of a deployment (Ray titles them ray::ServeReplica:<app>:<deployment>)."""
+        found = {}
+        for d in Path("/proc").iterdir():
+            try:
+                title = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                if title.startswith("ray::ServeReplica:") and title.split(":")[-1].startswith(deployment):
+                    found[int(d.name)] = (d / "maps").read_text()
+            except OSError:
+                pass
+        return found
+
+    ingress, rerankers = replicas("Ingress"), replicas("Reranker")
+    assert len(ingress) >= 4 and rerankers, (ingress.keys(), rerankers.keys())  # four apps, one ingress each
+    assert not [pid for pid, maps in ingress.items() if "libtorch" in maps]
+    assert all("libtorch" in maps for maps in rerankers.values())
+
+
 # ------------------------------------------------------------------------------------------ scores
 def test_rerank_jina_shape_scores_equal_in_process(served, corpus, reference):
     url, http = served
