@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+from ray_nodes import our_processes
 from world_serving import serving
 
 from edje.model.edje import load_checkpoint
@@ -86,24 +87,20 @@ def sigmoid(x):
 def test_the_ingress_replicas_hold_no_torch(served):
     """Each app's ingress replica, as Serve runs it, has not loaded torch (its memory map holds no libtorch), while a
     reranker replica has: the ingress reads the checkpoint's config and tokenizer without the model."""
-    from pathlib import Path
-
-    def replicas(deployment: str) -> dict:
-        """pid -> memory map of the live Serve replica processes of a deployment (Ray titles them ray::ServeReplica:<app>:<deployment>)."""
+    def maps(deployment: str) -> dict:
+        """pid -> memory map of the live Serve replicas of a deployment (Ray titles them ray::ServeReplica:<app>:<name>)."""
         found = {}
-        for d in Path("/proc").iterdir():
+        for pid in our_processes(f":{deployment}"):
             try:
-                title = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-                if title.startswith("ray::ServeReplica:") and title.split(":")[-1].startswith(deployment):
-                    found[int(d.name)] = (d / "maps").read_text()
-            except OSError:
+                found[pid] = open(f"/proc/{pid}/maps").read()
+            except OSError:  # gone since it was listed
                 pass
         return found
 
-    ingress, rerankers = replicas("Ingress"), replicas("Reranker")
+    ingress, rerankers = maps("Ingress"), maps("Reranker")
     assert len(ingress) >= 4 and rerankers, (ingress.keys(), rerankers.keys())  # four apps, one ingress each
-    assert not [pid for pid, maps in ingress.items() if "libtorch" in maps]
-    assert all("libtorch" in maps for maps in rerankers.values())
+    assert not [pid for pid, m in ingress.items() if "libtorch" in m]
+    assert all("libtorch" in m for m in rerankers.values())
 
 
 # ------------------------------------------------------------------------------------------ scores

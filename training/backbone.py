@@ -306,9 +306,9 @@ def image_embeddings(clip: torch.nn.Module, images: torch.Tensor, batch: int = 5
     """Normalised image embeddings of uint8 images [N, S, S, 3] (each mirrored left-right first if ``mirrored``), in
     eval mode."""
     clip.eval()
-    return torch.cat([F.normalize(clip.encode_image(preprocess(clip, images[i:i + batch].flip(2) if mirrored
-                                                               else images[i:i + batch])), dim=-1)
-                      for i in range(0, len(images), batch)]).cpu().numpy()
+    chunks = (images[i:i + batch] for i in range(0, len(images), batch))
+    return torch.cat([F.normalize(clip.encode_image(preprocess(clip, c.flip(2) if mirrored else c)), dim=-1)  # 2: width
+                      for c in chunks]).cpu().numpy()
 
 
 class LockedImageTower:
