@@ -153,7 +153,7 @@ def run(cfg: QuickstartConfig) -> dict:
         step(2, f"generating the {cfg.world} sample world (seed {cfg.seed}) and serving it on loopback", t0)
         if cfg.held_out_mode:
             print(f"    {held_out_line(held_out, cfg.held_out_mode, models.checkpoint)}", flush=True)
-        world = prepare_world(out, world_cfg)
+        world = prepare_world(out, world_cfg, cfg.test_images)
         server = serve_directory(world, port=previous_port(out / "test_urls.tsv"))
         urls = test_url_list(world, server.base_url, out / "test_urls.tsv", cfg.test_images)
         print(f"    {server.base_url} serves {world}; url list of the test split: {urls}", flush=True)
@@ -334,24 +334,27 @@ def compressed_folder(out: Path, checkpoint: str, quant: str) -> Path:
     return out / f"compressed-{quant}-{adapter}"
 
 
-def prepare_world(out: Path, config) -> Path:
+def prepare_world(out: Path, config, test_images: Optional[int]) -> Path:
     """`out/world` generated for `config`, or reused when it already is; a world made otherwise is regenerated and
-    the token tables encoded from it are removed (their image ids would name other images)."""
+    the token tables encoded from it are removed (their image ids would name other images). Of its images, only the
+    test split's first `test_images` are drawn: the rest of the world is never read here."""
     import shutil
 
-    from edje.sampleworld import generate, load_world_config
+    from edje.sampleworld import draw_images, generate, load_world, load_world_config
 
     world = out / "world"
+    reuse = False
     if (world / "world.json").exists():
         try:
-            if load_world_config(world) == config:
-                return world
+            reuse = load_world_config(world) == config
         except (ValueError, KeyError, TypeError):  # an older or foreign world.json: made otherwise
             pass
-        print(f"    {world} holds another world: regenerating it and re-encoding its tables", flush=True)
-        for stale in [out / "raw", *out.glob("compressed-*")]:
-            shutil.rmtree(stale, ignore_errors=True)
-    generate(config, world)
+        if not reuse:
+            print(f"    {world} holds another world: regenerating it and re-encoding its tables", flush=True)
+            for stale in [out / "raw", *out.glob("compressed-*")]:
+                shutil.rmtree(stale, ignore_errors=True)
+    manifest = load_world(world) if reuse else generate(config, world, images=False)
+    draw_images(manifest, [r.image_id for r in manifest.images if r.split == "test"][:test_images])
     return world
 
 

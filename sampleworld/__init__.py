@@ -13,7 +13,7 @@ from .registry import KINDS
 from .relations import RELATIONS, Relation
 from .scene import COLOURS, SHAPES, SIZES, Scene, SceneObject, Swap
 from .server import LoopbackServer, serve_directory
-from .world import WorldManifest, generate, load_world, load_world_config, url_rows, write_url_list
+from .world import WorldManifest, draw_images, generate, load_world, load_world_config, url_rows, write_url_list
 
 __all__ = [
     "COLOURS",
@@ -30,6 +30,7 @@ __all__ = [
     "Swap",
     "WorldConfig",
     "WorldManifest",
+    "draw_images",
     "generate",
     "load_world",
     "load_world_config",

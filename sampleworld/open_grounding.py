@@ -8,12 +8,14 @@ one thing. Output as `caption_grounding`: [word index, centre x, centre y] for e
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from .open_captions import ATTRIBUTE_WORDS
 from .open_glyphs import GlyphTable, load_glyphs
 from .open_scene import OpenScene
 
 
+@lru_cache(maxsize=1 << 16)  # a world's captions repeat a few thousand words hundreds of thousands of times
 def _norm(word: str) -> str:
     """A caption word lower-cased, without punctuation other than inner hyphens ("(small," -> "small")."""
     return re.sub(r"[^a-z\-]", "", word.lower()).strip("-")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,17 +92,18 @@ def _config_json(config: WorldConfig) -> dict[str, Any]:
     return cfg
 
 
-def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
-    """Write images, annotations and world.json for ``config`` under ``out_dir``."""
+def generate(config: WorldConfig, out_dir: str | Path, images: bool = True) -> WorldManifest:
+    """Write images, annotations and world.json for ``config`` under ``out_dir`` (``images=False``: no image yet;
+    ``draw_images`` draws those a caller needs)."""
     root = Path(out_dir)
     image_dir = root / IMAGE_DIR
     image_dir.mkdir(parents=True, exist_ok=True)
     kind = world_kind(config.kind)
     records = sample_records(config)
     _clear_stale_images(image_dir, {f"{r.image_id}.jpg" for r in records})
-    for r in records:
-        pixels = kind.render(r.scene, config.image_size, r.render_seed)
-        (image_dir / f"{r.image_id}.jpg").write_bytes(encode_jpeg(pixels))
+    if images:
+        for r in records:
+            _draw(kind, config, r, image_dir / f"{r.image_id}.jpg")
 
     splits = {s: tuple(r.image_id for r in records if r.split == s) for s in SPLITS}
     annotations = {}
@@ -125,6 +127,26 @@ def generate(config: WorldConfig, out_dir: str | Path) -> WorldManifest:
         },
     )
     return WorldManifest(root, config, tuple(records), splits, annotations)
+
+
+def _draw(kind, config: WorldConfig, record: ImageRecord, path: Path) -> None:
+    pixels = kind.render(record.scene, config.image_size, record.render_seed)
+    path.write_bytes(encode_jpeg(pixels))
+
+
+def draw_images(world: WorldManifest, image_ids: Iterable[str]) -> int:
+    """Draw the named images of a world generated without them (or with some lost); how many were drawn."""
+    kind, records, drawn = world_kind(world.config.kind), world.by_id(), 0
+    for image_id in image_ids:
+        path = world.image_path(image_id)
+        if path.exists():
+            continue
+        # Drawn beside and renamed: a run stopped mid-write leaves no half image that a later run would take as drawn.
+        partial = path.with_name(f".{path.name}.partial")
+        _draw(kind, world.config, records[image_id], partial)
+        os.replace(partial, path)
+        drawn += 1
+    return drawn
 
 
 def _read_world_json(root: Path) -> dict:

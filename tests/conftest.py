@@ -16,6 +16,9 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Ray's usage statistics go to the internet, which no test may reach; collecting them also costs each fresh Ray
+# instance a process (Ray Data's usage actor): about 3 s of a training job's 33 here (BENCHMARKS.md).
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray Train's controller collects a worker's report every 2 s, and a worker's next report waits for that: the
 # suite's runs report every step of a fraction of a second. Drivers pass it on to their controllers.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")

@@ -101,9 +101,11 @@ def test_the_world_step_makes_only_and_exclude_worlds(tmp_path):
     held = HeldOut.parse(COMBOS)
     only_cfg = qs.world_config(qs.QuickstartConfig(seed=9898, test_images=38, held_out_mode="only"), tuple(COMBOS))
     assert (only_cfg.n_train, only_cfg.n_val, only_cfg.n_test) == (0, 0, 40)  # whole families
-    world = qs.prepare_world(tmp_path, only_cfg)
+    world = qs.prepare_world(tmp_path, only_cfg, 38)
     records = load_world(world).images
     assert len(records) == 40 and all(held.in_scene(r.scene) for r in records)
+    # Only the images the run reads are drawn: the test split's first 38.
+    assert sorted(p.name for p in (world / "images").iterdir()) == sorted(f"{r.image_id}.jpg" for r in records[:38])
     assert json.loads((world / "world.json").read_text())["config"]["held_out"] == COMBOS
     # The first images of the 1,000-image held-out world (BENCHMARKS' t9898 for seed 9898), whatever N is.
     full = sample_records(WorldConfig(seed=9898, n_train=0, n_val=0, n_test=1000, same_side_rate=0.25,
@@ -112,13 +114,16 @@ def test_the_world_step_makes_only_and_exclude_worlds(tmp_path):
 
     # Asked again for the same world: reused as it is.
     stamp = (world / "world.json").stat().st_mtime_ns
-    assert qs.prepare_world(tmp_path, only_cfg) == world and (world / "world.json").stat().st_mtime_ns == stamp
+    assert qs.prepare_world(tmp_path, only_cfg, 38) == world and (world / "world.json").stat().st_mtime_ns == stamp
+    # More test images asked of the same world: the missing ones are drawn, the world is kept.
+    assert qs.prepare_world(tmp_path, only_cfg, None) == world and (world / "world.json").stat().st_mtime_ns == stamp
+    assert len(list((world / "images").iterdir())) == 40
     # Another world: regenerated, and the tables encoded from the old one are removed.
     (tmp_path / "raw").mkdir()
     compressed = qs.compressed_folder(tmp_path, str(ROOT / "checkpoints" / "edje-c16-bind"), "int8")
     compressed.mkdir()
     ex_cfg = qs.world_config(qs.QuickstartConfig(seed=9797, test_images=40, held_out_mode="exclude"), tuple(COMBOS))
-    qs.prepare_world(tmp_path, ex_cfg)
+    qs.prepare_world(tmp_path, ex_cfg, 40)
     assert not (tmp_path / "raw").exists() and not compressed.exists()
     records = load_world(world).images
     assert len(records) == 40 and not any(held.in_scene(r.scene) for r in records)

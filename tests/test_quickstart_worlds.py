@@ -127,7 +127,7 @@ def test_the_open_world_is_the_kinds_default_world(tmp_path):
     combos = ("dog+large", "animal+two")
     only = qs.world_config(dataclasses.replace(cfg, held_out_mode="only", test_images=38), combos)
     assert (only.kind, only.n_train, only.n_val, only.n_test, only.held_out) == ("open", 0, 0, 40, combos)
-    records = load_world(qs.prepare_world(tmp_path, only)).images
+    records = load_world(qs.prepare_world(tmp_path, only, 38)).images
     held = parse_open_held_out(combos, "only")
     assert len(records) == 40 and all(any(held.hits(o.thing) for o in r.scene.objects) for r in records)
 

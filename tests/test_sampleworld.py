@@ -19,7 +19,7 @@ import pytest
 import requests
 from PIL import Image
 
-from edje.sampleworld import SPLITS, WorldConfig, generate, load_world, serve_directory, write_url_list
+from edje.sampleworld import SPLITS, WorldConfig, draw_images, generate, load_world, serve_directory, write_url_list
 from edje.sampleworld.captions import COLOUR_WORDS, SHAPE_WORDS, SIZE_WORDS
 from edje.sampleworld.scene import COLOURS, relation_between
 
@@ -63,6 +63,18 @@ def test_regenerating_into_same_dir_drops_stale_images(tmp_path: Path) -> None:
     small = generate(WorldConfig(seed=1, n_train=8, n_val=4, n_test=4), tmp_path)
     assert len(list((tmp_path / "images").iterdir())) == len(small.images)
 
+
+
+def test_images_drawn_on_demand_are_the_generated_bytes(tmp_path: Path, world) -> None:
+    lazy = generate(SMALL, tmp_path / "lazy", images=False)
+    assert not list((tmp_path / "lazy" / "images").iterdir())
+    wanted = [r.image_id for r in lazy.images if r.split == "test"][:5]
+    assert draw_images(lazy, wanted) == 5 and draw_images(lazy, wanted) == 0  # drawn once, then found
+    lazy_tree, full_tree = tree_digest(lazy.root), tree_digest(world.root)
+    assert len(lazy_tree) == 5 + 4 and all(full_tree[k] == v for k, v in lazy_tree.items())
+    # An image lost (or never finished) is drawn again, to the same bytes.
+    lazy.image_path(wanted[0]).unlink()
+    assert draw_images(load_world(lazy.root), wanted) == 1 and tree_digest(lazy.root) == lazy_tree
 
 # --- counts, splits, annotation format -------------------------------------------------------
 
