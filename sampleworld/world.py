@@ -100,7 +100,8 @@ def generate(config: WorldConfig, out_dir: str | Path, images: bool = True) -> W
     image_dir.mkdir(parents=True, exist_ok=True)
     kind = world_kind(config.kind)
     records = sample_records(config)
-    _clear_stale_images(image_dir, {f"{r.image_id}.jpg" for r in records})
+    # Without images every earlier one goes: an id drawn for another world would otherwise pass for this one's.
+    _clear_stale_images(image_dir, {f"{r.image_id}.jpg" for r in records} if images else set())
     if images:
         for r in records:
             _draw(kind, config, r, image_dir / f"{r.image_id}.jpg")

@@ -75,6 +75,12 @@ def test_images_drawn_on_demand_are_the_generated_bytes(tmp_path: Path, world) -
     # An image lost (or never finished) is drawn again, to the same bytes.
     lazy.image_path(wanted[0]).unlink()
     assert draw_images(load_world(lazy.root), wanted) == 1 and tree_digest(lazy.root) == lazy_tree
+    # Another world generated into the same folder without images: none of this one's images is left to pass for its.
+    other = generate(WorldConfig(**{**SMALL.__dict__, "seed": 8}), lazy.root, images=False)
+    assert not list((lazy.root / "images").iterdir())
+    assert draw_images(other, wanted) == 5
+    redrawn = tree_digest(lazy.root)
+    assert all(redrawn[f"images/{i}.jpg"] != lazy_tree[f"images/{i}.jpg"] for i in wanted)  # seed 8's, not seed 7's
 
 # --- counts, splits, annotation format -------------------------------------------------------
 
