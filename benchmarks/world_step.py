@@ -29,7 +29,7 @@ def main() -> None:
             generate(config, out)
             return
         world = generate(config, out, images=False)
-        draw_images(world, [r.image_id for r in world.images if r.split == "test"][:args.test_images])
+        draw_images(world, world.splits["test"][:args.test_images])
 
 
 if __name__ == "__main__":

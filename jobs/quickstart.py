@@ -354,7 +354,7 @@ def prepare_world(out: Path, config, test_images: Optional[int]) -> Path:
             for stale in [out / "raw", *out.glob("compressed-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
     manifest = load_world(world) if reuse else generate(config, world, images=False)
-    draw_images(manifest, [r.image_id for r in manifest.images if r.split == "test"][:test_images])
+    draw_images(manifest, manifest.splits["test"][:test_images])
     return world
 
 

@@ -64,7 +64,6 @@ def test_regenerating_into_same_dir_drops_stale_images(tmp_path: Path) -> None:
     assert len(list((tmp_path / "images").iterdir())) == len(small.images)
 
 
-
 def test_images_drawn_on_demand_are_the_generated_bytes(tmp_path: Path, world) -> None:
     lazy = generate(SMALL, tmp_path / "lazy", images=False)
     assert not list((tmp_path / "lazy" / "images").iterdir())
@@ -81,6 +80,7 @@ def test_images_drawn_on_demand_are_the_generated_bytes(tmp_path: Path, world) -
     assert draw_images(other, wanted) == 5
     redrawn = tree_digest(lazy.root)
     assert all(redrawn[f"images/{i}.jpg"] != lazy_tree[f"images/{i}.jpg"] for i in wanted)  # seed 8's, not seed 7's
+
 
 # --- counts, splits, annotation format -------------------------------------------------------
 
