@@ -1,0 +1,199 @@
+"""Does a fusion weight that follows the first stage's confidence per query rank better than one global weight? A study.
+
+The shipped rule ranks a query's top k by ITM logit + w x first-stage cosine, one w fitted on a validation split. On
+wordings the backbone's text tower misreads (the open world's terse held-out templates) that term pulls the ranking
+down where the ITM alone is right. This captures jobs/evaluate.py's text->image scores on a fit split and on a test
+split, fits a switch per query, w(q) = w_hi where the query's first-stage confidence (the top candidate's cosine, or
+its margin over the second) is at least c and w_lo below, on the fit split, and reports text->image R@1 and
+within-family accuracy on the test split: every query, the training-template ones and the held-out-template ones.
+`--augment-fit R` rewrites that share of the fit split's captions by EDA's random swap or deletion or AEDA's
+punctuation (training/text_augment.py: generic, no word list, nothing of the held-out templates), so that the fit
+meets wordings the text tower reads less well. A study of a ranking rule, not a rule the product ships.
+
+  python -m edje.research.confidence_fusion --checkpoint CK --backbone-pretrained BB \
+      --fit-annotations runs/open/w300/flickr30k_val.json --fit-tokens runs/open/q300/val.parquet \
+      --annotations QS/world/flickr30k_test_first1000.json --tokens QS/compressed-int8/tables \
+      --max-queries-per-image 1 --held-out-template-queries 1 --augment-fit 0.5 --output OUT
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from edje.evaluation import rerank_eval
+from edje.evaluation.eval_config import EvalConfig
+from edje.evaluation.recall import rerank, within_group_accuracy
+from edje.model.recall import recall, t2i_answers
+from edje.schemas.annotations import Annotations
+from edje.training.text_augment import augment_batch
+
+FEATURES = ("top", "margin")
+
+
+@dataclasses.dataclass
+class Capture:
+    """One split's text->image first stage and ITM logits over its top k, with what the figures need."""
+
+    sim: np.ndarray          # [Q, k] first-stage cosine, best first
+    idx: np.ndarray          # [Q, k] candidate images
+    itm: np.ndarray          # [Q, k] ITM logits
+    answers: List[np.ndarray]
+    group: Optional[np.ndarray]  # family id of each image
+    held: Optional[np.ndarray]   # bool per query: written from a held-out template
+    base: Optional[np.ndarray]   # the queries that are each image's first captions (None: all)
+
+
+def cached_capture(path: Path, cfg: EvalConfig, augment: float = 0.0) -> Capture:
+    """`capture`, kept in `path` (a pickle) so that another fit reads the scores instead of scoring again."""
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    found = capture(cfg, augment)
+    path.write_bytes(pickle.dumps(found))
+    return found
+
+
+def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0) -> Capture:
+    """Run jobs/evaluate.py's evaluation once, keeping its text->image scores (captions rewritten at `augment`)."""
+    kept: Dict[str, np.ndarray] = {}
+    first_stage, score_pairs, load = rerank_eval.first_stage, rerank_eval.score_pairs, rerank_eval.load_annotations
+
+    def keep_first_stage(queries, items, depth):
+        out = first_stage(queries, items, depth)
+        kept.setdefault("sim", out[0])  # the first call ranks images for the text queries
+        kept.setdefault("idx", out[1])
+        return out
+
+    def keep_scores(scorer, texts, image_index, images, label="pairs"):
+        out = score_pairs(scorer, texts, image_index, images, label)
+        if label == "text->image":
+            kept["itm"] = out
+        return out
+
+    def load_rewritten(path):
+        ann = load(path)
+        if not augment:
+            return ann
+        captions, _ = augment_batch(ann.captions, augment, np.random.default_rng(seed))
+        return Annotations(ann.path, ann.image_ids, ann.image_paths, list(captions), ann.caption_image)
+
+    rerank_eval.first_stage, rerank_eval.score_pairs, rerank_eval.load_annotations = (keep_first_stage, keep_scores,
+                                                                                      load_rewritten)
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            rerank_eval.evaluate(dataclasses.replace(cfg, output=out, examples=0))
+        ann = load_rewritten(cfg.annotations)
+    finally:
+        rerank_eval.first_stage, rerank_eval.score_pairs, rerank_eval.load_annotations = first_stage, score_pairs, load
+    records = rerank_eval.world_records(ann)
+    ann, held, added = rerank_eval.choose_queries(ann, records, cfg)
+    itm = kept["itm"].reshape(len(ann.captions), -1)  # scored flat, query after query
+    group = None if records is None else rerank_eval.families_and_scenes(records)[0]
+    return Capture(kept["sim"][:, :itm.shape[1]], kept["idx"], itm, t2i_answers(ann.caption_image), group, held,
+                   None if added is None else np.flatnonzero(~added))
+
+
+def confidence(c: Capture, feature: str) -> np.ndarray:
+    """Per query: the top candidate's cosine, or its margin over the second."""
+    return c.sim[:, 0] if feature == "top" else c.sim[:, 0] - c.sim[:, 1]
+
+
+def figures(c: Capture, weights: np.ndarray, queries: Optional[np.ndarray] = None) -> Dict[str, Optional[float]]:
+    """T2I R@1 and within-family accuracy when query q ranks by ITM + weights[q] x cosine."""
+    order = rerank(c.idx, c.itm.shape[1], c.itm + weights[:, None] * c.sim)
+    q = np.arange(len(c.answers)) if queries is None else queries
+    answers = [c.answers[i] for i in q]
+    out = {"r1": recall(order[q], answers)["r1"], "queries": int(q.size)}
+    if c.group is not None:
+        out["within_family"] = within_group_accuracy(order[q], answers, c.group, c.itm.shape[1])["accuracy"]
+    return out
+
+
+def fit_r1(c: Capture, labels: np.ndarray, weights: np.ndarray) -> float:
+    """T2I R@1 over the base queries under per-query weights, from the candidates' match labels [Q, k] (vectorised:
+    a fit tries some 1,500 rules)."""
+    top = np.argmax(c.itm + weights[:, None] * c.sim, axis=1)
+    hit = labels[np.arange(len(top)), top]
+    return round(float(100.0 * np.mean(hit if c.base is None else hit[c.base])), 2)
+
+
+def fit_switch(c: Capture, feature: str) -> Dict:
+    """(w_lo, w_hi, threshold) with the best T2I R@1 on `c` (ties: one weight, then the smaller weights)."""
+    conf = confidence(c, feature)
+    labels = rerank_eval.candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
+    best = None
+    for t in np.quantile(conf, np.linspace(0.05, 0.95, 19)):
+        for lo in rerank_eval.FUSION_WEIGHTS:
+            for hi in rerank_eval.FUSION_WEIGHTS:
+                r1 = fit_r1(c, labels, np.where(conf >= t, hi, lo))
+                key = (r1, lo == hi, -lo - hi)
+                if best is None or key > best[0]:
+                    best = (key, {"feature": feature, "w_lo": lo, "w_hi": hi, "threshold": float(t), "fit_r1": r1})
+    return best[1]
+
+
+def fit_global(c: Capture) -> Dict:
+    """The one weight with the best T2I R@1 on `c` (ties: the smaller)."""
+    labels = rerank_eval.candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
+    r1 = {w: fit_r1(c, labels, np.full(len(c.answers), w)) for w in rerank_eval.FUSION_WEIGHTS}
+    w = max(rerank_eval.FUSION_WEIGHTS, key=lambda v: (r1[v], -v))
+    return {"feature": None, "w_lo": w, "w_hi": w, "threshold": 0.0, "fit_r1": r1[w]}
+
+
+def report(test: Capture, rule: Dict) -> Dict:
+    """A fitted rule's figures on the test split: every base query, the training-template and held-out ones."""
+    conf = confidence(test, rule["feature"] or "top")
+    weights = np.where(conf >= rule["threshold"], rule["w_hi"], rule["w_lo"]).astype(np.float32)
+    base = np.arange(len(test.answers)) if test.base is None else test.base
+    out = {"rule": rule, "all": figures(test, weights, base)}
+    if test.held is not None:
+        out["training_templates"] = figures(test, weights, np.intersect1d(base, np.flatnonzero(~test.held)))
+        out["held_out_templates"] = figures(test, weights, np.flatnonzero(test.held))
+        out["held_out_below_threshold"] = round(float(np.mean(conf[test.held] < rule["threshold"])), 3)
+        out["training_below_threshold"] = round(float(np.mean(conf[~test.held] < rule["threshold"])), 3)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--backbone-pretrained", default=None)
+    p.add_argument("--fit-annotations", required=True)
+    p.add_argument("--fit-tokens", nargs="+", required=True)
+    p.add_argument("--annotations", required=True)
+    p.add_argument("--tokens", nargs="+", required=True)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-queries-per-image", type=int, default=1)
+    p.add_argument("--held-out-template-queries", type=int, default=1)
+    p.add_argument("--augment-fit", type=float, nargs="+", default=[0.0],
+                   help="shares of the fit split's captions rewritten (one fit per share)")
+    p.add_argument("--output", required=True)
+    a = p.parse_args(argv)
+    common = dict(checkpoint=a.checkpoint, backbone_pretrained=a.backbone_pretrained, k=a.k, output="")
+    out = Path(a.output)
+    out.mkdir(parents=True, exist_ok=True)
+    test = cached_capture(out / "test.pkl", EvalConfig(
+        annotations=a.annotations, tokens=a.tokens, max_queries_per_image=a.max_queries_per_image,
+        held_out_template_queries=a.held_out_template_queries, **common))
+    rows = {"itm_alone": report(test, {"feature": None, "w_lo": 0.0, "w_hi": 0.0, "threshold": 0.0, "fit_r1": None})}
+    for share in a.augment_fit:
+        fit = cached_capture(out / f"fit_{share:g}.pkl", EvalConfig(annotations=a.fit_annotations,
+                                                                   tokens=a.fit_tokens, **common), share)
+        rows[f"global, fit augment {share:g}"] = report(test, fit_global(fit))
+        for feature in FEATURES:
+            rows[f"switch on {feature}, fit augment {share:g}"] = report(test, fit_switch(fit, feature))
+    (out / "confidence_fusion.json").write_text(json.dumps(rows, indent=2) + "\n")
+    for name, r in rows.items():
+        cells = [f"{part} R@1 {r[part]['r1']:.1f} wf {r[part].get('within_family')}"
+                 for part in ("all", "training_templates", "held_out_templates") if part in r]
+        print(f"{name}: {r['rule']} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
