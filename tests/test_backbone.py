@@ -113,3 +113,35 @@ def test_a_weights_file_replaced_in_place_is_refused(tmp_path):
     with pytest.raises(ValueError, match="retrained backbone needs a retrained adapter"):
         check_backbone(model_cfg, retrained, "old checkpoint")
     assert weights_sha256("openai") is None and weights_sha256(None) is None  # tags have no file to hash
+
+
+def test_a_reranker_starts_whole_on_a_backbone_trained_on_only_when_asked(tmp_path):
+    """`--init CK --init-on-new-backbone`: a checkpoint made on one backbone's weights starts a run on tables of the
+    same backbone with other weights, its adapter kept, and what it trains names the tables' weights; without the
+    flag the run is refused, and the flag without --init is refused."""
+    from edje.model.edje import EDJEModel, save_checkpoint
+    from edje.schemas.token_table import TableMetadata
+    from edje.training.launch import build_parser, config_from_args
+    from edje.training.model_init import ModelSpec, build_model, edje_config
+
+    bert = (("hidden_size", 32), ("num_hidden_layers", 1), ("num_attention_heads", 2), ("intermediate_size", 64))
+    old = TableMetadata(kind="raw", backbone="edje-tiny-clip", pretrained="a.safetensors", feature_layer="final",
+                        num_tokens=65, width=128, quantization="fp16", embed_dim=64, pretrained_sha256="a" * 64)
+    new = TableMetadata(**{**old.__dict__, "pretrained": "b.safetensors", "pretrained_sha256": "b" * 64})
+    spec = ModelSpec(adapter="local", bert_config=bert)
+    torch.manual_seed(0)
+    save_checkpoint(EDJEModel(edje_config(spec, old)), str(tmp_path / "ck"))
+    with pytest.raises(ValueError, match="retrained backbone needs a retrained adapter"):
+        build_model(spec, new, init_checkpoint=str(tmp_path / "ck"))
+    start = build_model(spec, old, init_checkpoint=str(tmp_path / "ck"))
+    moved = build_model(spec, new, init_checkpoint=str(tmp_path / "ck"), new_backbone=True)
+    assert (moved.config.backbone.pretrained, moved.config.backbone.weights_sha256) == ("b.safetensors", "b" * 64)
+    assert start.config.backbone.weights_sha256 == "a" * 64
+    assert all(torch.equal(v, start.state_dict()[k]) for k, v in moved.state_dict().items())
+    save_checkpoint(moved, str(tmp_path / "moved"))
+    build_model(spec, new, init_checkpoint=str(tmp_path / "moved"))  # its checkpoints pair with the new tables
+    parse = build_parser("d", 3e-4, ("itm",)).parse_args
+    assert config_from_args(parse(["--tables", "t", "--storage-path", "s", "--name", "n", "--init", "ck",
+                                   "--init-on-new-backbone"])).init_on_new_backbone
+    with pytest.raises(ValueError, match="init_on_new_backbone qualifies --init"):
+        config_from_args(parse(["--tables", "t", "--storage-path", "s", "--name", "n", "--init-on-new-backbone"]))

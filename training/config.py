@@ -147,6 +147,13 @@ class TrainJobConfig:
     model: ModelSpec = option(default_factory=ModelSpec, nested=True)
     init_checkpoint: Optional[str] = option(None, flag="--init", convert=absolute_path,
                                             help="start from this EDJE checkpoint")
+    # A backbone trained on keeps its tokens' meaning roughly, so the whole reranker (its adapter too) is a better
+    # start on the new tables than a fresh adapter under the old encoder; the check that refuses other weights is then
+    # the user's to waive.
+    init_on_new_backbone: bool = option(False, help="with --init: the checkpoint was trained on tokens of the same "
+                                        "backbone with other weights (the backbone trained on since); its adapter "
+                                        "starts from its own weights on the tables' tokens, and the run's checkpoints "
+                                        "name the tables' backbone weights")
     init_encoder_from: Optional[str] = option(None, convert=absolute_path,
                                               help="copy only the joint encoder from this EDJE checkpoint")
     teacher_checkpoint: Optional[str] = option(None, flag="--teacher", convert=absolute_path,
@@ -244,6 +251,8 @@ class TrainJobConfig:
         if self.flip_mode == "square" and self.batching != "planned":
             raise ValueError("the flip square needs batching='planned' (mirrored rows are set apart per worker)")
         # The grounding head itself may come from an --init checkpoint: the model checks it is there.
+        if self.init_on_new_backbone and not self.init_checkpoint:
+            raise ValueError("init_on_new_backbone qualifies --init: give the checkpoint to start from")
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")
         for name in ("distill", "route_distill", "route_mirror", "cell_recovery"):  # each reads a frozen teacher's pass

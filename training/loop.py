@@ -199,7 +199,7 @@ def train_loop_per_worker(config: dict) -> None:
         print(f"[rank {rank}] resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})", flush=True)
     else:
         pos, opt_state = Position(), None
-        model = build_model(cfg.model, meta, cfg.init_checkpoint, cfg.init_encoder_from)
+        model = build_model(cfg.model, meta, cfg.init_checkpoint, cfg.init_encoder_from, cfg.init_on_new_backbone)
     teacher = None
     route_mirror = "route_mirror" in cfg.objectives
     teacher_route = "route_distill" in cfg.objectives or route_mirror

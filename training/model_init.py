@@ -44,11 +44,14 @@ def edje_config(spec: ModelSpec, meta: TableMetadata) -> EDJEConfig:
 
 
 def build_model(spec: ModelSpec, meta: TableMetadata, init_checkpoint: Optional[str] = None,
-                init_encoder_from: Optional[str] = None) -> EDJEModel:
-    """A checkpoint's model, or a fresh one whose BERT starts from the language model's weights."""
+                init_encoder_from: Optional[str] = None, new_backbone: bool = False) -> EDJEModel:
+    """A checkpoint's model (`new_backbone`: moved onto the tables' backbone weights), or a fresh one whose BERT
+    starts from the language model's weights."""
     if init_checkpoint:
         model = with_relations(load_checkpoint(init_checkpoint), spec)
-        check_backbone(model.config, meta, init_checkpoint)
+        check_backbone(model.config, meta, init_checkpoint, same_weights=not new_backbone)
+        if new_backbone:
+            model = on_backbone(model, meta)
         return model.train()
     cfg = edje_config(spec, meta)
     if init_encoder_from:
@@ -165,6 +168,14 @@ def _with_new_parts(module, state: dict) -> dict:
     new = ("role_embedding.", "route.", "ground_head.", "position.gain", "pointer.", "alignment_scale")
     own = module.state_dict()
     return {**{k: v for k, v in own.items() if k not in state and any(p in k for p in new)}, **state}
+
+
+def on_backbone(model: EDJEModel, meta: TableMetadata) -> EDJEModel:
+    """`model`, its weights all kept, recorded as reading the tables' backbone (the same architecture and layer,
+    other weights): what it is trained on from here, and what its checkpoints must name for serving to check."""
+    moved = EDJEModel(replace(model.config, backbone=meta.backbone_config()), load_language_model=False)
+    load_state(moved, model.state_dict(), "the --init checkpoint on the tables' backbone")
+    return moved
 
 
 def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str, same_weights: bool = True) -> None:
