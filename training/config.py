@@ -250,9 +250,9 @@ class TrainJobConfig:
             raise ValueError("flip_mode='square' shapes the flip objective's negatives: add the flip objective")
         if self.flip_mode == "square" and self.batching != "planned":
             raise ValueError("the flip square needs batching='planned' (mirrored rows are set apart per worker)")
-        # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if self.init_on_new_backbone and not self.init_checkpoint:
             raise ValueError("init_on_new_backbone qualifies --init: give the checkpoint to start from")
+        # The grounding head itself may come from an --init checkpoint: the model checks it is there.
         if "ground" in self.objectives and not self.grounding:
             raise ValueError("the ground objective needs grounding annotation files")
         for name in ("distill", "route_distill", "route_mirror", "cell_recovery"):  # each reads a frozen teacher's pass
