@@ -191,7 +191,7 @@ class EDJEReranker:
 
     def _scores(self, texts: List[str], logits: np.ndarray, embeddings: np.ndarray,
                 first_stage_scores: Optional[Sequence[float]]) -> np.ndarray:
-        if not self.scorer.ranking.first_stage_weight:
+        if not self.scorer.ranking.fuses:
             return logits
         if first_stage_scores is None:
             unique = list(dict.fromkeys(texts))
@@ -202,7 +202,7 @@ class EDJEReranker:
             sim = np.asarray(first_stage_scores, dtype=np.float32)
             if sim.shape != logits.shape:
                 raise ValueError(f"{len(logits)} documents but {sim.size} first-stage scores")
-        return self.scorer.scores(logits, sim)
+        return self.scorer.scores(logits, sim, queries=texts)  # a switched rule reads each text's best candidate
 
     def _document_rows(self, documents: Sequence[Document]) -> Tuple[EncodedImages, TableMetadata]:
         """Stored rows of the documents (ids gathered from the opened tables, images encoded once each)."""

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from edje.model.ranking import RankingConfig
 from edje.sampleworld.registry import world_kind
 from edje.schemas.codecs import bytes_per_image
 
@@ -161,8 +162,11 @@ def _stored_quant(run: Mapping[str, Any]) -> Optional[Tuple[str, Optional[int]]]
 def _rule(metrics: Mapping[str, Any], run: Mapping[str, Any]) -> str:
     if run.get("config", {}).get("backbone_only"):
         return "first-stage cosine"
-    w = (metrics.get("ranking") or {}).get("first_stage_weight") or 0.0
-    return f"ITM + {w:g} x cosine" if w else "ITM logit"
+    rule = RankingConfig(**(metrics.get("ranking") or {}))
+    if rule.switched:
+        return (f"ITM + {rule.first_stage_weight:g} x cosine ({rule.low_confidence_weight:g} x below "
+                f"{rule.confidence_threshold:.3g})")
+    return f"ITM + {rule.first_stage_weight:g} x cosine" if rule.fuses else "ITM logit"
 
 
 def _edje_row(spec: Mapping[str, Any], metrics: Mapping[str, Any], run: Mapping[str, Any], stage: str) -> Dict[str, Any]:

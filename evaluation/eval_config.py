@@ -28,6 +28,14 @@ class EvalConfig:
     fit_first_stage_weight: bool = option(
         False, help="choose the fusion weight on these annotations (use a validation split) and record it in the "
         "checkpoint, where evaluation and serving read it (the score's calibration is refitted with it)")
+    fit_confidence_switch: bool = option(
+        False, help="with --fit-first-stage-weight: also fit a lower weight for the queries whose best candidate's "
+        "first-stage cosine is below a fitted threshold (where the first stage is unsure of a query)")
+    fit_caption_augment: float = option(
+        0.0, metavar="SHARE", help="with --fit-first-stage-weight: rewrite this share of the captions by a random "
+        "word swap, deletion or punctuation (EDA/AEDA) before fitting, so the fit meets wordings the first stage "
+        "reads less well (the calibration fitted with it is then over those captions: refit it with "
+        "--fit-calibration on the captions as written)")
     # Fitting the weight always refits it: a calibration belongs to one weight.
     fit_calibration: bool = option(
         False, help="fit the Platt scaling of the checkpoint's ranking score on these annotations (use a validation "
@@ -63,5 +71,9 @@ class EvalConfig:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.fit_first_stage_weight and self.first_stage_weight is not None:
             raise ValueError("give a first-stage weight or fit one, not both")
+        if (self.fit_confidence_switch or self.fit_caption_augment) and not self.fit_first_stage_weight:
+            raise ValueError("--fit-confidence-switch and --fit-caption-augment apply to --fit-first-stage-weight")
+        if not 0.0 <= self.fit_caption_augment <= 1.0:
+            raise ValueError(f"fit_caption_augment must be in [0, 1], got {self.fit_caption_augment}")
         if self.fit_calibration and self.first_stage_weight is not None:
             raise ValueError("calibration is fitted for the recorded (or fitted) weight, not a command-line override")

@@ -21,6 +21,7 @@ import torch
 from edje.evaluation import held_out_templates, novelty
 from edje.evaluation.calibration import calibration_report, fit_platt
 from edje.evaluation.eval_config import EvalConfig
+from edje.evaluation.ranking_fit import FusionSplit, candidate_labels, fit_first_stage_weight, rewrite_captions
 from edje.evaluation.recall import rerank, within_group_accuracy
 from edje.evaluation.scene_pairs import KINDS as TWIN_KINDS
 from edje.evaluation.scene_pairs import pairs_by_scene
@@ -108,6 +109,10 @@ def evaluate(cfg: EvalConfig) -> Dict:
     device = pick_device(cfg.device)
     t0 = time.time()
     ann = load_annotations(cfg.annotations)
+    timings: Dict = {}
+    if cfg.fit_caption_augment:
+        ann, rewritten = rewrite_captions(ann, cfg.fit_caption_augment)
+        timings["captions_rewritten_for_the_fit"] = len(rewritten)
     records = world_records(ann)
     ann, held_flags, added = choose_queries(ann, records, cfg)
     # Text->image figures are over each image's first captions, as without the split; the added held-out-template
@@ -130,7 +135,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
     t_first = time.time() - t0
     t2i = Stage(t2i_idx, t2i_idx, t2i_answers(ann.caption_image))
     i2t = Stage(i2t_idx, i2t_idx, i2t_answers(ann.caption_image, ann.num_images))
-    timings = {"load_and_first_stage_s": round(t_first, 2)}
+    timings["load_and_first_stage_s"] = round(t_first, 2)
     model = None
     if not cfg.backbone_only:
         model = load_checkpoint(cfg.checkpoint)
@@ -152,21 +157,23 @@ def evaluate(cfg: EvalConfig) -> Dict:
         timings["rerank_i2t_s"] = round(time.time() - t, 2)
         timings["pairs_scored"] = int(len(ann.captions) * k + ann.num_images * kc)
 
+        # Every reranked candidate of both directions: its ITM logit, first-stage cosine and whether it is a match.
+        splits = (FusionSplit(s_t2i, t2i_sim[:, :k], candidate_labels(t2i_idx[:, :k], t2i.answers)),
+                  FusionSplit(s_i2t, i2t_sim[:, :kc], candidate_labels(i2t_idx[:, :kc], i2t.answers), False))
+
         def ranked(rule: RankingConfig):
-            return (rerank(t2i_idx, k, rule.fuse(s_t2i, t2i_sim[:, :k])),
-                    rerank(i2t_idx, kc, rule.fuse(s_i2t, i2t_sim[:, :kc])))
+            return tuple(rerank(idx, s.itm.shape[1], s.rule(rule).fuse(s.itm, s.sim))
+                         for idx, s in zip((t2i_idx, i2t_idx), splits))
 
         if cfg.fit_first_stage_weight:
-            ranking, sweep = fit_first_stage_weight(ranked, t2i.answers, i2t.answers, str(cfg.annotations))
+            ranking, sweep = fit_first_stage_weight(splits, str(cfg.annotations), cfg.fit_confidence_switch)
             timings["first_stage_weight_sweep"] = sweep
         elif cfg.first_stage_weight is not None:
             ranking = RankingConfig(cfg.first_stage_weight, chosen_on="given on the command line")
         else:
             ranking = read_ranking(cfg.checkpoint)
-        # Every reranked candidate pair of both directions, its score under the rule and whether it is a match.
-        pair_scores = np.concatenate([ranking.fuse(s_t2i, t2i_sim[:, :k]).ravel(), ranking.fuse(s_i2t, i2t_sim[:, :kc]).ravel()])
-        pair_labels = np.concatenate([candidate_labels(t2i_idx[:, :k], t2i.answers).ravel(),
-                                      candidate_labels(i2t_idx[:, :kc], i2t.answers).ravel()])
+        pair_scores = np.concatenate([s.rule(ranking).fuse(s.itm, s.sim).ravel() for s in splits])
+        pair_labels = np.concatenate([s.labels.ravel() for s in splits])
         if cfg.fit_first_stage_weight or cfg.fit_calibration:
             ranking = ranking.with_calibration(*fit_platt(pair_scores, pair_labels), where=str(cfg.annotations))
             write_ranking(cfg.checkpoint, ranking)
@@ -174,7 +181,7 @@ def evaluate(cfg: EvalConfig) -> Dict:
         itm_only = ranked(RankingConfig(0.0))
     orders = {"t2i": {"first_stage": t2i.first, "reranked": t2i.reranked},
               "i2t": {"first_stage": i2t.first, "reranked": i2t.reranked}}
-    if model is not None and ranking.first_stage_weight:  # the fused rule's gain is reported beside ITM alone
+    if model is not None and ranking.fuses:  # the fused rule's gain is reported beside ITM alone
         orders["t2i"]["reranked_itm_only"], orders["i2t"]["reranked_itm_only"] = itm_only
     answers = {"t2i": t2i.answers, "i2t": i2t.answers}
     metrics = {name: stage_recalls(orders[name], answers[name], base if name == "t2i" else None)
@@ -302,24 +309,6 @@ def held_out_metrics(flags: np.ndarray, added: int, orders: Dict[str, np.ndarray
     return out
 
 
-def candidate_labels(candidates: np.ndarray, answers: Sequence[np.ndarray]) -> np.ndarray:
-    """bool [Q, k]: whether each query's candidate is one of its answers."""
-    return np.stack([np.isin(row, ans) for row, ans in zip(candidates, answers)])
-
-
-FUSION_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
-
-
-def fit_first_stage_weight(ranked, t2i_answers, i2t_answers, where: str):
-    """The fusion weight with the best T2I + I2T R@1 on this split (ties: the smaller weight)."""
-    sweep = {}
-    for w in FUSION_WEIGHTS:
-        t2i_rank, i2t_rank = ranked(RankingConfig(w))
-        sweep[w] = recall(t2i_rank, t2i_answers)["r1"] + recall(i2t_rank, i2t_answers)["r1"]
-    best = max(FUSION_WEIGHTS, key=lambda w: (sweep[w], -w))
-    return RankingConfig(best, chosen_on=where), {str(w): round(v, 2) for w, v in sweep.items()}
-
-
 def family_groups(ann: Annotations) -> Optional[np.ndarray]:
     """Family id of each annotation image when a sample world's world.json lies beside the annotations."""
     found = world_families(ann)
@@ -357,8 +346,9 @@ STAGE_NAMES = {"first_stage": "first stage", "reranked_itm_only": "reranked, ITM
 def markdown_table(metrics: Dict, cfg: EvalConfig, n_captions: int, n_images: int) -> str:
     """Recall before and after reranking, both directions, as a Markdown table."""
     what = "backbone only" if cfg.backbone_only else f"EDJE `{cfg.checkpoint}` reranking top {cfg.k}"
-    if "ranking" in metrics and metrics["ranking"]["first_stage_weight"]:
-        what += f" by ITM logit + {metrics['ranking']['first_stage_weight']:g} x first-stage cosine"
+    rule = RankingConfig(**metrics["ranking"]) if "ranking" in metrics else RankingConfig()
+    if rule.fuses:
+        what += f" by {rule.formula()}"
     if cfg.quant:
         what += f", tokens {cfg.quant}"
     lines = [f"Retrieval on `{cfg.annotations}` ({n_images} images, {n_captions} captions); {what}.", "",

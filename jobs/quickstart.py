@@ -39,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the quickstart needs only files 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from edje.jobs.quickstart_worlds import DEFAULT_WORLD, WORLD_PRESETS, per_world, preset  # noqa: E402
+from edje.model.ranking import RankingConfig  # noqa: E402
 from edje.schemas.cli_options import add_options, from_args, option  # noqa: E402
 from edje.schemas.shipped import LOCAL_RERANKER  # noqa: E402
 from edje.serving.ports import free_port  # noqa: E402
@@ -469,10 +470,10 @@ def recall_report(metrics: dict) -> str:
 def print_report(metrics, query, documents, answer, response, raw, comp) -> None:
     """Recall before/after and the top results of the rerank request."""
     print("\n" + recall_report(metrics))
-    rule = metrics.get("ranking", {})
-    if rule.get("first_stage_weight"):
-        print(f"\n(reranked = ITM logit + {rule['first_stage_weight']:g} x first-stage cosine, the checkpoint's rule, "
-              f"chosen on {rule.get('chosen_on')}; the server ranks the same way)")
+    rule = RankingConfig(**metrics.get("ranking", {}))
+    if rule.fuses:
+        print(f"\n(reranked = {rule.formula()}, the checkpoint's rule, chosen on {rule.chosen_on}; the server ranks "
+              "the same way)")
     print(f"\nstorage: raw {raw['bytes_per_image']:,} B/image, compressed {comp['bytes_per_image']:,} B/image")
     print(f"\nPOST /v1/rerank  query: {query!r}  ({len(documents)} documents: the answer's family of twins + others)")
     for rank, r in enumerate(response["results"], 1):

@@ -9,6 +9,11 @@ every good candidate). Platt scaling, fitted on a validation split and recorded 
 maps it to one: ``relevance = sigmoid(a x score + b)``, the probability that a first-stage
 candidate is a true match (evaluation/calibration.py fits a, b). Checkpoints without it keep
 ``sigmoid(score)``.
+
+A rule may also switch its weight on the first stage's confidence in a text query: where the query's best
+candidate's cosine is below a threshold, the cosine is added with a lower weight. A first stage is least sure of the
+wordings its text tower reads least well, and there its cosine misleads the fused score more than it helps. An image
+query (image-to-text ranking) fuses with the one weight: its confidence says nothing of a wording.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Hashable, Optional, Sequence
 
 import fsspec
 import numpy as np
@@ -34,16 +39,36 @@ class RankingConfig:
     calibration_scale: Optional[float] = None
     calibration_bias: Optional[float] = None
     calibrated_on: Optional[str] = None
+    # The confidence switch: a text query whose best candidate's first-stage cosine is below the threshold fuses
+    # with the low weight; None = one weight for every query.
+    low_confidence_weight: Optional[float] = None
+    confidence_threshold: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if not np.isfinite(self.first_stage_weight) or self.first_stage_weight < 0:
-            raise ValueError(f"first_stage_weight must be a finite number >= 0, got {self.first_stage_weight}")
+        for name in ("first_stage_weight", "low_confidence_weight"):
+            w = getattr(self, name)
+            if w is not None and not (np.isfinite(w) and w >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {w}")
+        if (self.low_confidence_weight is None) != (self.confidence_threshold is None):
+            raise ValueError("low_confidence_weight and confidence_threshold go together")
+        if self.switched and not np.isfinite(self.confidence_threshold):
+            raise ValueError(f"confidence_threshold must be finite, got {self.confidence_threshold}")
         if (self.calibration_scale is None) != (self.calibration_bias is None):
             raise ValueError("calibration_scale and calibration_bias go together")
         if self.calibrated and not (np.isfinite(self.calibration_scale) and np.isfinite(self.calibration_bias)
                                     and self.calibration_scale >= 0):
             raise ValueError(f"calibration must be finite with scale >= 0, got "
                              f"({self.calibration_scale}, {self.calibration_bias})")
+
+    @property
+    def switched(self) -> bool:
+        """Whether the weight follows the first stage's confidence in each query."""
+        return self.confidence_threshold is not None
+
+    @property
+    def fuses(self) -> bool:
+        """Whether any query's score adds the first-stage cosine (else the ITM logit alone)."""
+        return bool(self.first_stage_weight or (self.switched and self.low_confidence_weight))
 
     @property
     def calibrated(self) -> bool:
@@ -59,28 +84,61 @@ class RankingConfig:
         e = np.exp(-np.abs(x))
         return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
+    def formula(self) -> str:
+        """The ranking score in words ("ITM logit + 64 x first-stage cosine")."""
+        if self.switched:
+            return (f"ITM logit + w x first-stage cosine, w = {self.first_stage_weight:g}, or "
+                    f"{self.low_confidence_weight:g} for a text query whose best candidate's cosine is below "
+                    f"{self.confidence_threshold:.4g}")
+        return "ITM logit" + (f" + {self.first_stage_weight:g} x first-stage cosine" if self.first_stage_weight else "")
+
     def describe(self) -> str:
         """The rule in words (GET /v1/info, reports)."""
-        score = "ITM logit" + (f" + {self.first_stage_weight:g} x first-stage cosine" if self.first_stage_weight else "")
+        score = self.formula()
         if self.calibrated:
             b = self.calibration_bias
             return f"score = {score}; relevance = sigmoid({self.calibration_scale:.4g} x score {'-' if b < 0 else '+'} {abs(b):.4g})"
         return f"score = {score}; relevance = sigmoid(score) (not calibrated)"
 
+    def for_image_queries(self) -> "RankingConfig":
+        """The rule an image query ranks texts by: the one weight (the switch reads a text query's confidence)."""
+        return dataclasses.replace(self, low_confidence_weight=None, confidence_threshold=None)
+
     def with_calibration(self, scale: float, bias: float, where: str) -> "RankingConfig":
         """This rule with a fitted Platt scaling."""
         return dataclasses.replace(self, calibration_scale=float(scale), calibration_bias=float(bias), calibrated_on=where)
 
-    def fuse(self, itm_logits, similarity):
-        """Ranking scores: ITM logits plus w x first-stage similarity (numpy arrays or torch tensors)."""
-        if self.first_stage_weight == 0:
+    def fuse(self, itm_logits, similarity, queries: Optional[Sequence[Hashable]] = None):
+        """Ranking scores: ITM logits plus w x first-stage similarity (numpy arrays or torch tensors). The rows of
+        2-D arrays are queries; a 1-D array is one query's candidates, unless `queries` names each pair's query."""
+        if not self.fuses:
             return itm_logits
+        sim = np.asarray(similarity, dtype=np.float32)
+        term = (self.first_stage_weight if not self.switched else self.query_weights(sim, queries)) * sim
         # torch is looked up, not imported: a tensor means it is loaded, and the ingress (numpy only) starts without it.
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(itm_logits, torch.Tensor):
-            return itm_logits + self.first_stage_weight * torch.as_tensor(similarity, dtype=itm_logits.dtype,
-                                                                          device=itm_logits.device)
-        return itm_logits + self.first_stage_weight * np.asarray(similarity, dtype=np.float32)
+            return itm_logits + torch.as_tensor(term, dtype=itm_logits.dtype, device=itm_logits.device)
+        return itm_logits + term.astype(np.float32)
+
+    def query_weights(self, similarity: np.ndarray, queries: Optional[Sequence[Hashable]] = None) -> np.ndarray:
+        """Each pair's fusion weight under the switch (laid out as `fuse` reads `similarity`): the low weight
+        where its query's best candidate's cosine is below the threshold."""
+        sim = np.asarray(similarity, dtype=np.float32)
+        if sim.size == 0:
+            return np.zeros_like(sim)
+        if queries is not None:
+            if len(queries) != sim.size:
+                raise ValueError(f"{sim.size} pairs but {len(queries)} query keys")
+            keys = {}
+            which = np.array([keys.setdefault(q, len(keys)) for q in queries])
+            best = np.full(len(keys), -np.inf, np.float32)
+            np.maximum.at(best, which, sim.ravel())
+            best = best[which].reshape(sim.shape)
+        else:
+            best = sim.max(axis=-1, keepdims=True) if sim.ndim > 1 else sim.max()
+        return np.where(best >= self.confidence_threshold, self.first_stage_weight,
+                        self.low_confidence_weight).astype(np.float32)
 
 
 def read_ranking(checkpoint: str) -> RankingConfig:

@@ -6,7 +6,7 @@ score whichever door it came in by. Nothing here imports Ray.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Hashable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -98,11 +98,13 @@ class PairScorer:
         return self.itm_logits(texts, decode_blobs(meta, blob, scales, self.device), progress=progress,
                                batch_size=batch_size)
 
-    def scores(self, itm_logits: np.ndarray, similarity: Optional[np.ndarray] = None) -> np.ndarray:
-        """Ranking scores under the checkpoint's rule: the ITM logit, plus w x first-stage cosine when it fuses."""
-        if self.ranking.first_stage_weight and similarity is None:
+    def scores(self, itm_logits: np.ndarray, similarity: Optional[np.ndarray] = None,
+               queries: Optional[Sequence[Hashable]] = None) -> np.ndarray:
+        """Ranking scores under the checkpoint's rule: the ITM logit, plus w x first-stage cosine when it fuses
+        (`queries`: each pair's query, where pairs of several queries lie in one array; RankingConfig.fuse)."""
+        if self.ranking.fuses and similarity is None:
             raise ValueError("this checkpoint ranks by ITM + w x first-stage cosine: pass the first-stage similarities")
-        return self.ranking.fuse(itm_logits, similarity) if similarity is not None else itm_logits
+        return self.ranking.fuse(itm_logits, similarity, queries) if similarity is not None else itm_logits
 
     def relevance(self, scores: np.ndarray) -> np.ndarray:
         """Calibrated probability that each pair matches (sigmoid(a x score + b); sigmoid(score) if not calibrated)."""

@@ -7,8 +7,10 @@ split, fits a switch per query, w(q) = w_hi where the query's first-stage confid
 its margin over the second) is at least c and w_lo below, on the fit split, and reports text->image R@1 and
 within-family accuracy on the test split: every query, the training-template ones and the held-out-template ones.
 `--augment-fit R` rewrites that share of the fit split's captions by EDA's random swap or deletion or AEDA's
-punctuation (training/text_augment.py: generic, no word list, nothing of the held-out templates), so that the fit
-meets wordings the text tower reads less well. A study of a ranking rule, not a rule the product ships.
+punctuation (model/text_augment.py: generic, no word list, nothing of the held-out templates), so that the fit
+meets wordings the text tower reads less well. The study behind the product's switch (model/ranking.py, fitted by
+`jobs/evaluate.py --fit-confidence-switch --fit-caption-augment`, evaluation/ranking_fit.py), which keeps the one
+weight above the threshold; this study also fits the weight above it and the margin feature.
 
   python -m edje.research.confidence_fusion --checkpoint CK --backbone-pretrained BB \
       --fit-annotations runs/open/w300/flickr30k_val.json --fit-tokens runs/open/q300/val.parquet \
@@ -29,10 +31,9 @@ import numpy as np
 
 from edje.evaluation import rerank_eval
 from edje.evaluation.eval_config import EvalConfig
+from edje.evaluation.ranking_fit import FUSION_WEIGHTS, candidate_labels, rewrite_captions
 from edje.evaluation.recall import rerank, within_group_accuracy
 from edje.model.recall import recall, t2i_answers
-from edje.schemas.annotations import Annotations
-from edje.training.text_augment import augment_batch
 
 FEATURES = ("top", "margin")
 
@@ -78,10 +79,7 @@ def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0) -> Capture:
 
     def load_rewritten(path):
         ann = load(path)
-        if not augment:
-            return ann
-        captions, _ = augment_batch(ann.captions, augment, np.random.default_rng(seed))
-        return Annotations(ann.path, ann.image_ids, ann.image_paths, list(captions), ann.caption_image)
+        return rewrite_captions(ann, augment, seed)[0] if augment else ann
 
     rerank_eval.first_stage, rerank_eval.score_pairs, rerank_eval.load_annotations = (keep_first_stage, keep_scores,
                                                                                       load_rewritten)
@@ -126,11 +124,11 @@ def fit_r1(c: Capture, labels: np.ndarray, weights: np.ndarray) -> float:
 def fit_switch(c: Capture, feature: str) -> Dict:
     """(w_lo, w_hi, threshold) with the best T2I R@1 on `c` (ties: one weight, then the smaller weights)."""
     conf = confidence(c, feature)
-    labels = rerank_eval.candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
+    labels = candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
     best = None
     for t in np.quantile(conf, np.linspace(0.05, 0.95, 19)):
-        for lo in rerank_eval.FUSION_WEIGHTS:
-            for hi in rerank_eval.FUSION_WEIGHTS:
+        for lo in FUSION_WEIGHTS:
+            for hi in FUSION_WEIGHTS:
                 r1 = fit_r1(c, labels, np.where(conf >= t, hi, lo))
                 key = (r1, lo == hi, -lo - hi)
                 if best is None or key > best[0]:
@@ -140,9 +138,9 @@ def fit_switch(c: Capture, feature: str) -> Dict:
 
 def fit_global(c: Capture) -> Dict:
     """The one weight with the best T2I R@1 on `c` (ties: the smaller)."""
-    labels = rerank_eval.candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
-    r1 = {w: fit_r1(c, labels, np.full(len(c.answers), w)) for w in rerank_eval.FUSION_WEIGHTS}
-    w = max(rerank_eval.FUSION_WEIGHTS, key=lambda v: (r1[v], -v))
+    labels = candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
+    r1 = {w: fit_r1(c, labels, np.full(len(c.answers), w)) for w in FUSION_WEIGHTS}
+    w = max(FUSION_WEIGHTS, key=lambda v: (r1[v], -v))
     return {"feature": None, "w_lo": w, "w_hi": w, "threshold": 0.0, "fit_r1": r1[w]}
 
 

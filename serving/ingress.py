@@ -27,7 +27,7 @@ status code (serving/serve_metrics.py).
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -207,15 +207,18 @@ class Ingress:
                                       f"texts {long[:20]}"])
 
     async def score(self, response: Response, texts: List[str], image_ids: List[str], with_urls: bool = False,
-                    images: Optional[Dict[int, bytes]] = None, query_embedding: Optional[np.ndarray] = None):
+                    images: Optional[Dict[int, bytes]] = None, query_embedding: Optional[np.ndarray] = None,
+                    image_query: bool = False):
         """The reranker's Scores; 404 naming unknown ids, 422 naming an undecodable image; replica and batch headers.
-        `query_embedding` [e]: the first-stage query of every pair when it is not the text's own (mixed-modal search)."""
+        `query_embedding` [e]: the first-stage query of every pair when it is not the text's own (mixed-modal search);
+        `image_query`: the pairs rank texts for one image (the rule's image-query form)."""
+        rule = self.ranking.for_image_queries() if image_query else self.ranking
         text_emb = None
-        if self.ranking.first_stage_weight and query_embedding is not None:
+        if rule.fuses and query_embedding is not None:
             # Fused rule, mixed-modal query: the cosine added is the one the first stage ranked by.
             text_emb = np.repeat(np.asarray(query_embedding, np.float32)[None], len(texts), axis=0)
-        elif self.ranking.first_stage_weight:
-            # Fused rule: the reranker adds w x cosine(text, image) to each ITM logit.
+        elif rule.fuses:
+            # Fused rule: w x cosine(text, image) is added to each ITM logit (below).
             unique = list(dict.fromkeys(texts))
             emb = await self.corpus.embed(self.call, unique)
             row = {t: i for i, t in enumerate(unique)}
@@ -228,7 +231,11 @@ class Ingress:
             raise HTTPException(status, f"image rejected: {scores.rejected}")
         response.headers[REPLICA_HEADER] = scores.replica
         response.headers[BATCH_HEADER] = str(scores.batch_pairs)
-        return scores
+        if text_emb is None:
+            return scores
+        # Every route scores one query a request: its pairs are that query's candidates, what a switched rule reads
+        # its best cosine over.
+        return replace(scores, logits=rule.fuse(scores.logits, scores.cosines))
 
     def usage(self, wordpieces: Sequence[int]) -> Usage:
         """(text wordpieces, at most max_text_tokens, + 3 special tokens + m image tokens) summed over the pairs;

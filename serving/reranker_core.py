@@ -36,7 +36,9 @@ class PairChunk:
 
 @dataclass
 class Scores:
-    """ITM logits of a request's pairs, or the image ids that are unknown."""
+    """ITM logits of a request's pairs (and their first-stage cosines, when text embeddings were given), or the
+    image ids that are unknown. The ingress fuses the two: a rule may read the request's best cosine, and a
+    request's pairs can lie on several shards."""
 
     logits: Optional[np.ndarray]
     missing: List[str]
@@ -44,6 +46,7 @@ class Scores:
     replica: str = ""  # the replica that scored them
     batch_pairs: int = 0  # pairs in the (largest) forward pass that scored them; > 1 when requests were merged
     rejected: Optional[str] = None  # an inline document image that could not be decoded, and why
+    cosines: Optional[np.ndarray] = None  # first-stage cosine of each pair
 
 
 def resolve_device(num_gpus: float) -> torch.device:
@@ -116,14 +119,14 @@ class RerankerCore:
 
     def finish(self, prepared: Prepared, logits: np.ndarray, batch_pairs: int,
                text_embeddings: Optional[np.ndarray] = None) -> Scores:
-        """The request's Scores: ITM logits, fused with the first-stage cosine when the rule fuses and
-        `text_embeddings` [B, e] are given (what the HTTP API ranks by; the miner's rescoring gives none)."""
-        if self.ranking.first_stage_weight and text_embeddings is not None:
+        """The request's Scores: ITM logits, with each pair's first-stage cosine when `text_embeddings` [B, e] are
+        given (what the HTTP API's fused rule adds; the miner's rescoring gives none)."""
+        sim = None
+        if text_embeddings is not None:
             if len(text_embeddings) != len(logits):
                 raise ValueError(f"{len(logits)} texts but {len(text_embeddings)} text embeddings")
             sim = np.einsum("ij,ij->i", np.asarray(text_embeddings, np.float32), prepared.got.embeddings)
-            logits = self.scorer.scores(logits, sim)
-        return Scores(logits, [], prepared.got.urls, self.replica, batch_pairs)
+        return Scores(logits, [], prepared.got.urls, self.replica, batch_pairs, cosines=sim)
 
     def add_image(self, data: bytes, image_id: Optional[str] = None, url: Optional[str] = None) -> AddResult:
         """Encode an image (backbone + adapter + codec) and add it to the corpus through the shared log."""

@@ -88,7 +88,7 @@ def router(ing, models, api: Optional[APIRouter] = None) -> APIRouter:
               summary="Rank candidate texts for one image (image-to-text)")
     async def rerank_texts(req: TextRerankRequest, response: Response):
         counts, long = ing.measure(req.texts, req.truncate, lambda i: f"texts.{i}")
-        scores = await ing.score(response, list(req.texts), [req.image] * len(req.texts))
+        scores = await ing.score(response, list(req.texts), [req.image] * len(req.texts), image_query=True)
         results = [RerankResult(index=i, relevance_score=s,
                                 document=Document(text=req.texts[i]) if req.return_documents else None)
                    for i, s in _ranked(scores.logits, req.top_n, req.raw_scores, ranking)]

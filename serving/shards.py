@@ -139,14 +139,17 @@ class ShardedCorpus:
             return dataclasses.replace(got[0], logits=None, missing=list(dict.fromkeys(missing)), urls=None,
                                        replica=replicas, rejected=rejected)
         logits = np.zeros(len(texts), np.float32)
+        cosines = None if text_embeddings is None else np.zeros(len(texts), np.float32)
         urls: Optional[List[Optional[str]]] = [None] * len(texts) if with_urls else None
         for s, g in zip(shards, got):
             logits[parts[s]] = g.logits
+            if cosines is not None:
+                cosines[parts[s]] = g.cosines
             if urls is not None and g.urls is not None:
                 for j, i in enumerate(parts[s]):
                     urls[i] = g.urls[j]
         return dataclasses.replace(got[0], logits=logits, missing=[], urls=urls, replica=replicas,
-                                   batch_pairs=max(g.batch_pairs for g in got), rejected=None)
+                                   batch_pairs=max(g.batch_pairs for g in got), rejected=None, cosines=cosines)
 
     async def image_urls(self, call: Call, image_ids: List[str]) -> List[Optional[str]]:
         """Source urls of corpus images from the shards that own them (None where unknown)."""

@@ -2,6 +2,7 @@
 the encode job's bytes, and a save/load round trip. The shipped checkpoint, no Ray."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -84,6 +85,21 @@ def test_rank_orders_by_the_rule_and_predict_agrees(reranker, tmp_path):
     logits = fusing.predict([(query, p) for p in paths[:2]])
     w = fusing.ranking.first_stage_weight
     np.testing.assert_allclose(sorted(h["score"] for h in given), sorted([logits[0] + w, logits[1]]), atol=1e-4)
+    # A switched rule reads each query's best candidate: pairs of two texts in one predict call are two queries.
+    import shutil
+
+    from edje.model.ranking import write_ranking
+    switched_path = tmp_path / "switched"
+    shutil.copytree(fusing.path, switched_path)
+    rule = dataclasses.replace(fusing.ranking, low_confidence_weight=0.0, confidence_threshold=0.5)
+    write_ranking(str(switched_path), rule)
+    switched = EDJEReranker.from_pretrained(str(switched_path))
+    other = world[5]["captions"][0]
+    pairs = [(query, paths[0]), (other, paths[0]), (query, paths[1]), (other, paths[1])]
+    cos = [0.9, 0.3, 0.1, 0.2]  # the query is sure of its best candidate (0.9), the other text is not (0.3)
+    itm = switched.predict(pairs)
+    np.testing.assert_allclose(switched.predict(pairs, calibrated=True, first_stage_scores=cos),
+                               rule.probability(itm + np.array([w * 0.9, 0.0, w * 0.1, 0.0])), atol=1e-6)
 
 
 def test_bad_documents_get_clear_errors(reranker, tmp_path):

@@ -253,17 +253,22 @@ def test_evaluate_ranks_by_the_fused_rule_recorded_in_the_checkpoint(tiny_world,
     assert any(m[d]["reranked_itm_only"] != m[d]["first_stage"] for d in ("t2i", "i2t"))
 
 
+def _checkpoint_to_fit(tiny_world, tiny_ckpt, tmp_path):
+    """(a copy of the tiny checkpoint that a fit may rewrite, the tiny world's test annotations, its raw table)."""
+    import shutil
+
+    root, _, raw = tiny_world
+    fit = tmp_path / "fit-ckpt"
+    shutil.copytree(tiny_ckpt[0], fit)
+    return fit, str(root / "world" / "flickr30k_test.json"), raw
+
+
 def test_fit_first_stage_weight_through_the_cli_records_the_weight_and_its_calibration(tiny_world, tiny_ckpt, tmp_path):
     import os
-    import shutil
     import subprocess
     import sys
 
-    root, _, raw = tiny_world
-    ckpt, _ = tiny_ckpt
-    fit = tmp_path / "fit-ckpt"
-    shutil.copytree(ckpt, fit)
-    ann = str(root / "world" / "flickr30k_test.json")
+    fit, ann, raw = _checkpoint_to_fit(tiny_world, tiny_ckpt, tmp_path)
     repo = Path(__file__).resolve().parent.parent
     subprocess.run([sys.executable, str(repo / "jobs" / "evaluate.py"), "--annotations", ann, "--tokens", str(raw),
                     "--checkpoint", str(fit), "--fit-first-stage-weight", "--threads", "1",
@@ -282,6 +287,31 @@ def test_fit_first_stage_weight_through_the_cli_records_the_weight_and_its_calib
     again = json.loads((tmp_path / "again" / "metrics.json").read_text())
     assert again["ranking"] == recorded and again["calibration"] == metrics["calibration"]
     assert again["t2i"]["reranked"] == metrics["t2i"]["reranked"]
+
+
+def test_fit_confidence_switch_on_rewritten_captions_through_the_cli(tiny_world, tiny_ckpt, tmp_path):
+    from edje.evaluation.eval_config import EvalConfig
+    from edje.model.ranking import RankingConfig
+
+    fit, ann, raw = _checkpoint_to_fit(tiny_world, tiny_ckpt, tmp_path)
+    _run(["--annotations", ann, "--tokens", str(raw), "--checkpoint", str(fit), "--fit-first-stage-weight",
+          "--fit-confidence-switch", "--fit-caption-augment", "0.5", "--output", str(tmp_path / "fit")])
+    recorded = json.loads((fit / "config.json").read_text())["ranking"]
+    run = json.loads((tmp_path / "fit" / "run.json").read_text())
+    metrics = json.loads((tmp_path / "fit" / "metrics.json").read_text())
+    n = run["queries"]["t2i"]
+    assert 0.3 * n < run["timings"]["captions_rewritten_for_the_fit"] < 0.7 * n  # about half, seeded
+    assert metrics["ranking"] == recorded and recorded["chosen_on"] == ann
+    rule = RankingConfig(**recorded)
+    assert rule.switched == (recorded["low_confidence_weight"] is not None)
+    # The recorded rule ranks the split it was fitted on at least as well as the best single weight of the sweep:
+    # the fit and the evaluation's own figures read the same rule the same way.
+    best_single = max(run["timings"]["first_stage_weight_sweep"].values())
+    assert metrics["t2i"]["reranked"]["r1"] + metrics["i2t"]["reranked"]["r1"] >= best_single - 0.02
+    for bad in (dict(fit_confidence_switch=True), dict(fit_caption_augment=0.5),
+                dict(fit_first_stage_weight=True, fit_caption_augment=1.5)):
+        with pytest.raises(ValueError):
+            EvalConfig(annotations=ann, tokens=[str(raw)], output="x", checkpoint=str(fit), **bad)
 
 
 def test_the_tables_command_encodes_with_the_shipped_weights_unless_told_otherwise():

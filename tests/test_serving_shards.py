@@ -278,6 +278,61 @@ def test_the_miner_rescores_each_pair_on_the_shard_that_owns_its_image(random_co
     assert [h.calls for h in shards] == [["score_pairs"], ["score_pairs"]]  # one call per shard for the whole batch
 
 
+def test_a_switched_rule_reads_the_whole_requests_best_cosine_across_shards(random_corpus, tmp_path):
+    """The ingress fuses a request's pairs after the shards have scored them, so a rule that reads the query's best
+    candidate's cosine sees the whole request's: the shard that holds none of the near candidates fuses like the
+    other. The ingress is the class Serve deploys, over two real shard cores, without Serve."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from edje.model.edje import read_checkpoint_config
+    from edje.model.ranking import RankingConfig, write_ranking
+    from edje.serving.config import DeploymentResources, ServeConfig
+    from edje.serving.first_stage import FirstStage
+    from edje.serving.ingress import Ingress, build_api
+    from edje.serving.reranker_core import RerankerCore
+    from edje.serving.shards import ShardedCorpus
+
+    c = random_corpus
+    cfg = ServeConfig(checkpoint=c.checkpoint, token_tables=tuple(c.compressed_tables), auth_token_env=None,
+                      reranker=DeploymentResources(num_cpus=1))
+    query, docs = c.captions[0], c.image_ids[:16]
+    emb = FirstStage(c.compressed_tables).embed([query])
+    whole = _Scorer(RerankerCore(cfg)).score_pairs([query] * len(docs), docs, False, np.repeat(emb, len(docs), axis=0))
+    itm, cos = whole.logits, whole.cosines
+    owner = np.array([shard_of(d, 2) for d in docs])
+    best = [float(cos[owner == s].max()) for s in range(2)]
+    assert best[0] != best[1]
+    rule = RankingConfig(8.0, low_confidence_weight=0.0, confidence_threshold=float(np.mean(best)))
+    checkpoint = str(tmp_path / "switched")
+    shutil.copytree(c.checkpoint, checkpoint)
+    write_ranking(checkpoint, rule)
+
+    ing = object.__new__(Ingress.func_or_class)
+    ing.config = cfg.replace(checkpoint=checkpoint, shards=2)
+    ing.auth_token, ing.ranking, ing.miner, ing.text_limit = None, rule, None, None
+    ing.checkpoint_meta = read_checkpoint_config(checkpoint)
+    ing.corpus = ShardedCorpus([_Handle(_Scorer(RerankerCore(ing.config.for_shard(s)))) for s in range(2)],
+                               [_Handle(FirstStage(c.compressed_tables, shard=s, num_shards=2)) for s in range(2)])
+    client = TestClient(build_api(ing))
+
+    def served(ids):
+        body = client.post("/v1/rerank", json={"query": query, "documents": ids, "raw_scores": True})
+        assert body.status_code == 200, body.text
+        out = np.zeros(len(ids))
+        for r in body.json()["results"]:
+            out[r["index"]] = r["relevance_score"]
+        return out
+
+    # Across both shards the best cosine clears the threshold: every pair adds 8 x its cosine, the far shard's too.
+    np.testing.assert_allclose(served(docs), itm + 8.0 * cos, atol=1e-4)
+    # The far shard's candidates alone: the query's best is below it, and the ITM logit ranks alone.
+    far = int(np.argmin(best))
+    mine = owner == far
+    np.testing.assert_allclose(served([d for d, m in zip(docs, mine) if m]), itm[mine], atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------ replicas per shard
 def _replica_actors(app: str, deployment: str):
     """Names of the live replica actors of one deployment (Serve names them SERVE_REPLICA::<app>#<deployment>#<id>)."""

@@ -1,4 +1,4 @@
-"""Caption augmentation for text-tower training (training/text_augment.py): EDA's swap and deletion, AEDA's
+"""Caption augmentation for text-tower training (model/text_augment.py): EDA's swap and deletion, AEDA's
 punctuation, drawn from the caller's generator."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from edje.training.text_augment import PUNCTUATION, augment_batch, augment_caption
+from edje.model.text_augment import PUNCTUATION, augment_batch, augment_caption
 
 CAPTION = "a small dog facing left next to two large cars on the right"
 

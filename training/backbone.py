@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
+from edje.model.text_augment import augment_batch
 from edje.sampleworld.captions import colour_caption, shape_caption
 from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
@@ -33,7 +34,6 @@ from edje.schemas.cli_options import option
 from edje.training.hard_batches import mixed_batches, neighbour_clusters, same_words_mask
 from edje.training.mirror_pairs import add_mirrors, mirror_pair_mask, mirror_rows, mirrored_captions
 from edje.training.orientation_negatives import OrientationNegatives
-from edje.training.text_augment import augment_batch
 
 open_clip = open_clip_registry()  # backbone training builds open_clip models by the project's config names
 
@@ -112,7 +112,7 @@ class BackboneTrainConfig:
     # embeddings are computed once (in eval mode, as serving computes them): a step costs the text tower alone.
     lock_image: bool = option(False, help="train the text tower alone on the --init image tower, left unchanged "
                               "(LiT); image embeddings are computed once")
-    # training/text_augment.py: EDA's and AEDA's word-level operations, for a text tower that reads past phrasing.
+    # model/text_augment.py: EDA's and AEDA's word-level operations, for a text tower that reads past phrasing.
     text_augment: float = option(0.0, help="share of the batch's captions rewritten each step by a random swap, "
                                  "deletion or punctuation insertion (EDA, AEDA)")
 
