@@ -2,10 +2,10 @@
 the confidence switch, chosen by text->image + image->text R@1 over the reranked candidates.
 
 The switch gives a text query whose best candidate's first-stage cosine is below a threshold a lower weight; the
-weight above it stays the one fitted for every query. A validation
-split written in its training captions' own phrasing rarely shows the first stage unsure; `rewrite_captions` rewrites
-a share of its captions by EDA's random swap or deletion or AEDA's punctuation (model/text_augment.py: no word
-list, nothing of any test template), so that the fit meets wordings the text tower reads less well.
+weight above it stays the one fitted for every query. A validation split written in its training captions' own
+phrasing rarely shows the first stage unsure; `rewrite_captions` rewrites a share of its captions by EDA's random swap
+or deletion or AEDA's punctuation (model/text_augment.py: no word list, nothing of any test template), so that the fit
+meets wordings the text tower reads less well.
 """
 from __future__ import annotations
 
