@@ -158,6 +158,22 @@ def report(test: Capture, rule: Dict) -> Dict:
     return out
 
 
+def oracle_report(test: Capture, weight: float) -> Dict:
+    """Diagnostic upper bound, chosen on the test split itself: each query ranks by `weight`, or where that misses,
+    by the grid's first weight that puts an answer first (what a perfect per-query router could reach)."""
+    labels = candidate_labels(test.idx[:, :test.itm.shape[1]], test.answers)
+    weights = np.full(len(test.answers), weight, np.float32)
+    for q in range(len(weights)):
+        if not labels[q, np.argmax(test.itm[q] + weight * test.sim[q])]:
+            hits = [w for w in FUSION_WEIGHTS if labels[q, np.argmax(test.itm[q] + w * test.sim[q])]]
+            weights[q] = hits[0] if hits else weight
+    base = np.arange(len(test.answers)) if test.base is None else test.base
+    out = {"rule": {"oracle_around": weight}, "all": figures(test, weights, base)}
+    if test.held is not None:
+        out["held_out_templates"] = figures(test, weights, np.flatnonzero(test.held))
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
@@ -171,6 +187,9 @@ def main(argv=None) -> None:
     p.add_argument("--held-out-template-queries", type=int, default=1)
     p.add_argument("--augment-fit", type=float, nargs="+", default=[0.0],
                    help="shares of the fit split's captions rewritten (one fit per share)")
+    p.add_argument("--diagnose", action="store_true",
+                   help="also read on the test split every low weight at the fitted threshold, and a perfect "
+                   "per-query weight (upper bounds, chosen on the test split: for a validation split only)")
     p.add_argument("--output", required=True)
     a = p.parse_args(argv)
     common = dict(checkpoint=a.checkpoint, backbone_pretrained=a.backbone_pretrained, k=a.k, output="")
@@ -186,6 +205,14 @@ def main(argv=None) -> None:
         rows[f"global, fit augment {share:g}"] = report(test, fit_global(fit))
         for feature in FEATURES:
             rows[f"switch on {feature}, fit augment {share:g}"] = report(test, fit_switch(fit, feature))
+        if a.diagnose:
+            rule = rows[f"switch on top, fit augment {share:g}"]["rule"]
+            for lo in FUSION_WEIGHTS:  # every low weight at the fitted threshold, read on the test split
+                rows[f"diagnostic: w_lo {lo:g} at the fitted top-cosine threshold, fit augment {share:g}"] = report(
+                    test, {**rule, "w_lo": lo, "fit_r1": None})
+    if a.diagnose:
+        w = rows[f"global, fit augment {a.augment_fit[0]:g}"]["rule"]["w_hi"]
+        rows["diagnostic: a perfect per-query weight"] = oracle_report(test, w)
     (out / "confidence_fusion.json").write_text(json.dumps(rows, indent=2) + "\n")
     for name, r in rows.items():
         cells = [f"{part} R@1 {r[part]['r1']:.1f} wf {r[part].get('within_family')}"
