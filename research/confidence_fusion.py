@@ -35,7 +35,9 @@ from edje.evaluation.ranking_fit import FUSION_WEIGHTS, candidate_labels, rewrit
 from edje.evaluation.recall import rerank, within_group_accuracy
 from edje.model.recall import recall, t2i_answers
 
-FEATURES = ("top", "margin")
+# The first stage's confidence (its top cosine, its margin over the second) and the reranker's side of it (ITM's top-1
+# margin, its top logit, whether the two stages' top candidates agree, the cosine given up by ITM's choice).
+FEATURES = ("top", "margin", "itm_margin", "itm_top", "agree", "cos_gap")
 
 
 @dataclasses.dataclass
@@ -98,8 +100,13 @@ def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0) -> Capture:
 
 
 def confidence(c: Capture, feature: str) -> np.ndarray:
-    """Per query: the top candidate's cosine, or its margin over the second."""
-    return c.sim[:, 0] if feature == "top" else c.sim[:, 0] - c.sim[:, 1]
+    """Per query, one of FEATURES."""
+    itm = np.sort(c.itm, axis=1)[:, ::-1]
+    choice = np.argmax(c.itm, axis=1)
+    return {"top": lambda: c.sim[:, 0], "margin": lambda: c.sim[:, 0] - c.sim[:, 1],
+            "itm_margin": lambda: itm[:, 0] - itm[:, 1], "itm_top": lambda: itm[:, 0],
+            "agree": lambda: (choice == 0).astype(np.float32),
+            "cos_gap": lambda: c.sim[:, 0] - c.sim[np.arange(len(choice)), choice]}[feature]()
 
 
 def figures(c: Capture, weights: np.ndarray, queries: Optional[np.ndarray] = None) -> Dict[str, Optional[float]]:
