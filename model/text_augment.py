@@ -13,19 +13,31 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from edje.model.content_words import FUNCTION_WORDS
+
 # AEDA's punctuation marks, as the paper inserts them.
 PUNCTUATION = (".", ";", "?", ":", "!", ",")
 OPERATIONS = ("swap", "delete", "punctuate")
+# Beyond EDA/AEDA: each of English's function words (model/content_words.py: articles, auxiliaries, non-spatial
+# prepositions; spatial words and numerals are content) dropped with probability one half. A sentence turns terse
+# ("a small dog to the left of a cat" -> "small dog left cat") while what it says of the image stays: no swap moves
+# who is where.
+ALL_OPERATIONS = OPERATIONS + ("function_words",)
 
 
-def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1) -> str:
-    """``caption`` with one operation drawn at random: ``max(1, alpha * words)`` random swaps, each word deleted with
-    probability ``alpha`` (at least one kept), or between 1 and a third of the words in punctuation marks inserted."""
+def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1,
+                    ops: Sequence[str] = OPERATIONS) -> str:
+    """``caption`` with one of `ops` drawn at random: ``max(1, alpha * words)`` random swaps, each word deleted with
+    probability ``alpha`` (at least one kept), between 1 and a third of the words in punctuation marks inserted, or
+    each function word dropped with probability one half (at least one word kept)."""
     words = caption.split()
     if len(words) < 2:
         return caption
-    op = OPERATIONS[rng.integers(len(OPERATIONS))]
-    if op == "swap":
+    op = ops[rng.integers(len(ops))]
+    if op == "function_words":
+        kept = [w for w, u in zip(words, rng.random(len(words))) if u >= 0.5 or w.lower() not in FUNCTION_WORDS]
+        words = kept or [words[rng.integers(len(words))]]
+    elif op == "swap":
         for _ in range(max(1, int(alpha * len(words)))):
             i, j = rng.choice(len(words), size=2, replace=False)
             words[i], words[j] = words[j], words[i]
@@ -38,11 +50,14 @@ def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1) 
     return " ".join(words)
 
 
-def augment_batch(captions: Sequence[str], rate: float, rng: np.random.Generator,
-                  alpha: float = 0.1) -> Tuple[List[str], List[int]]:
+def augment_batch(captions: Sequence[str], rate: float, rng: np.random.Generator, alpha: float = 0.1,
+                  ops: Sequence[str] = OPERATIONS) -> Tuple[List[str], List[int]]:
     """The batch's captions with each rewritten by `augment_caption` with probability ``rate``, and the rewritten rows."""
+    unknown = set(ops) - set(ALL_OPERATIONS)
+    if unknown or not ops:
+        raise ValueError(f"augmentation operations must be some of {ALL_OPERATIONS}, got {tuple(ops)}")
     rows = np.flatnonzero(rng.random(len(captions)) < rate).tolist()
     out = list(captions)
     for r in rows:
-        out[r] = augment_caption(out[r], rng, alpha)
+        out[r] = augment_caption(out[r], rng, alpha, ops)
     return out, rows

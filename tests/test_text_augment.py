@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from edje.model.text_augment import PUNCTUATION, augment_batch, augment_caption
 
@@ -37,3 +38,18 @@ def test_the_same_generator_state_rewrites_the_same_way():
 
 def test_a_one_word_caption_is_left_as_it_is():
     assert augment_caption("dog", np.random.default_rng(0)) == "dog"
+
+
+def test_dropping_function_words_keeps_every_content_and_spatial_word():
+    from edje.model.content_words import FUNCTION_WORDS
+
+    caption = "a small dog is to the left of a large cat and the cat is above two cars"
+    content = [w for w in caption.split() if w not in FUNCTION_WORDS]
+    dropped = set()
+    for seed in range(20):
+        out = augment_caption(caption, np.random.default_rng(seed), ops=("function_words",)).split()
+        assert [w for w in out if w not in FUNCTION_WORDS] == content  # in order: who is where stays
+        dropped |= set(caption.split()) - set(out)
+    assert dropped and dropped <= FUNCTION_WORDS and {"left", "above", "two"}.isdisjoint(dropped)
+    with pytest.raises(ValueError, match="operations"):
+        augment_batch([caption], 1.0, np.random.default_rng(0), ops=("shuffle",))

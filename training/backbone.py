@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
-from edje.model.text_augment import augment_batch
+from edje.model.text_augment import ALL_OPERATIONS, OPERATIONS, augment_batch
 from edje.sampleworld.captions import colour_caption, shape_caption
 from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
@@ -115,6 +115,9 @@ class BackboneTrainConfig:
     # model/text_augment.py: EDA's and AEDA's word-level operations, for a text tower that reads past phrasing.
     text_augment: float = option(0.0, help="share of the batch's captions rewritten each step by a random swap, "
                                  "deletion or punctuation insertion (EDA, AEDA)")
+    text_augment_ops: Tuple[str, ...] = option(OPERATIONS, nargs="+", choices=list(ALL_OPERATIONS), convert=tuple,
+                                               help="the rewrites --text-augment draws from (function_words: each "
+                                               "function word dropped with probability one half)")
 
     def __post_init__(self):
         if self.checkpoint_every < 1:
@@ -125,6 +128,8 @@ class BackboneTrainConfig:
             raise ValueError("orientation_text_margin works on the orientation negatives: set orientation_negatives")
         if not 0.0 <= self.text_augment <= 1.0:
             raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
+        if not self.text_augment_ops or set(self.text_augment_ops) - set(ALL_OPERATIONS):
+            raise ValueError(f"text_augment_ops must be some of {ALL_OPERATIONS}, got {self.text_augment_ops}")
         if self.lock_image and not self.init:
             raise ValueError("lock_image keeps the image tower of --init: give init=<backbone .safetensors>")
         if self.mirror_fraction > 0 and (self.shape_caption_rate or self.colour_caption_rate
@@ -442,7 +447,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 ids, shape_rows, colour_rows = partial_captions(ids, idx, partial_rates[epoch], scenes, tokenizer, rng)
             pixels, captions = images[idx], [train.captions[j] for j in caption_pick[idx]]
             if cfg.text_augment > 0:
-                captions, rewritten = augment_batch(captions, cfg.text_augment, rng)
+                captions, rewritten = augment_batch(captions, cfg.text_augment, rng, ops=cfg.text_augment_ops)
                 if rewritten:
                     ids = ids.clone()
                     ids[rewritten] = tokenizer([captions[r] for r in rewritten]).to(device)
