@@ -66,9 +66,11 @@ def fit_first_stage_weight(splits: Sequence[FusionSplit], where: str,
         confidence = np.concatenate([s.sim.max(axis=1) for s in texts])
         for t in np.unique(np.round(np.quantile(confidence, THRESHOLD_QUANTILES), 4)):
             for lo in FUSION_WEIGHTS:
+                if lo == w:  # one weight: the sweep's
+                    continue
                 candidate = RankingConfig(w, chosen_on=where, low_confidence_weight=lo,
                                           confidence_threshold=float(t))
-                r1 = total(candidate) if lo != w else best
+                r1 = total(candidate)
                 if r1 > best:
                     rule, best = candidate, r1
     return rule, {str(v): round(r1, 2) for v, r1 in sweep.items()}

@@ -1,5 +1,6 @@
-"""Caption augmentation for contrastive text-tower training: the generic word-level operations of EDA (Wei and Zou,
-2019: random swap, random deletion) and AEDA (Karimi et al., 2021: random punctuation insertion).
+"""Caption augmentation for contrastive text-tower training and for fitting the ranking rule on varied wordings: the
+generic word-level operations of EDA (Wei and Zou, 2019: random swap, random deletion) and AEDA (Karimi et al., 2021:
+random punctuation insertion), and function-word drops.
 
 A backbone trained on one corpus's phrasing reads another phrasing badly: its text tower has only seen the word
 orders and punctuation of its training captions. These operations know no vocabulary and no world: they perturb a
@@ -23,6 +24,12 @@ OPERATIONS = ("swap", "delete", "punctuate")
 # ("a small dog to the left of a cat" -> "small dog left cat") while what it says of the image stays: no swap moves
 # who is where.
 ALL_OPERATIONS = OPERATIONS + ("function_words",)
+
+
+def check_operations(ops: Sequence[str]) -> None:
+    """ValueError unless `ops` names one or more of ALL_OPERATIONS."""
+    if not ops or set(ops) - set(ALL_OPERATIONS):
+        raise ValueError(f"augmentation operations must be some of {ALL_OPERATIONS}, got {tuple(ops)}")
 
 
 def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1,
@@ -53,9 +60,7 @@ def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1,
 def augment_batch(captions: Sequence[str], rate: float, rng: np.random.Generator, alpha: float = 0.1,
                   ops: Sequence[str] = OPERATIONS) -> Tuple[List[str], List[int]]:
     """The batch's captions with each rewritten by `augment_caption` with probability ``rate``, and the rewritten rows."""
-    unknown = set(ops) - set(ALL_OPERATIONS)
-    if unknown or not ops:
-        raise ValueError(f"augmentation operations must be some of {ALL_OPERATIONS}, got {tuple(ops)}")
+    check_operations(ops)
     rows = np.flatnonzero(rng.random(len(captions)) < rate).tolist()
     out = list(captions)
     for r in rows:

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
-from edje.model.text_augment import ALL_OPERATIONS, OPERATIONS, augment_batch
+from edje.model.text_augment import ALL_OPERATIONS, OPERATIONS, augment_batch, check_operations
 from edje.sampleworld.captions import colour_caption, shape_caption
 from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
@@ -128,8 +128,7 @@ class BackboneTrainConfig:
             raise ValueError("orientation_text_margin works on the orientation negatives: set orientation_negatives")
         if not 0.0 <= self.text_augment <= 1.0:
             raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
-        if not self.text_augment_ops or set(self.text_augment_ops) - set(ALL_OPERATIONS):
-            raise ValueError(f"text_augment_ops must be some of {ALL_OPERATIONS}, got {self.text_augment_ops}")
+        check_operations(self.text_augment_ops)  # here, not at the first augmented batch minutes later
         if self.lock_image and not self.init:
             raise ValueError("lock_image keeps the image tower of --init: give init=<backbone .safetensors>")
         if self.mirror_fraction > 0 and (self.shape_caption_rate or self.colour_caption_rate
