@@ -7,9 +7,12 @@ metrics export port as `ray_<name>`, counters with a `_total` suffix (docs/opera
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import weakref
 from typing import Callable, Iterable, Optional
 
+import ray
 from ray.serve.metrics import Counter, Gauge, Histogram
 from starlette.routing import BaseRoute, Match
 
@@ -84,9 +87,47 @@ class FirstStageMetrics:
         self.corpus_rows = corpus_rows_gauge()
 
 
-def corpus_rows_gauge() -> Gauge:
+class HeldGauge:
+    """A gauge whose last value stays exported: a background thread records it again every half report interval.
+
+    Ray exports a gauge series only while its process records it again (the metrics agent evicts one not refreshed
+    within two report intervals), so a value set once, such as the rows loaded at start, would vanish from the
+    metrics port after about 20 s.
+    """
+
+    def __init__(self, gauge: Gauge, refresh_s: Optional[float] = None):
+        self._gauge, self._value, self._lock = gauge, None, threading.Lock()
+        self.refresh_s = refresh_s or max(ray._config.metrics_report_interval_ms(), 1000) / 2000
+        # The thread holds a weak reference: a gauge dropped by its owner stops being refreshed.
+        threading.Thread(target=_refresh_while_held, args=(weakref.ref(self), self.refresh_s), daemon=True,
+                         name="edje-gauge-refresh").start()
+
+    def set(self, value: float) -> None:
+        """Record value now and keep recording it."""
+        with self._lock:
+            self._value = value
+            self._gauge.set(value)
+
+    def refresh(self) -> None:
+        """Record the last value again (nothing before the first set)."""
+        with self._lock:
+            if self._value is not None:
+                self._gauge.set(self._value)
+
+
+def _refresh_while_held(ref: "weakref.ref[HeldGauge]", every_s: float) -> None:
+    while True:
+        time.sleep(every_s)
+        held = ref()
+        if held is None:
+            return
+        held.refresh()
+        del held
+
+
+def corpus_rows_gauge() -> HeldGauge:
     """Rows of a reranker replica's token store or a first-stage replica's index (the deployment label tells which)."""
-    return Gauge("edje_corpus_rows", description="Images this replica can score or search (stored + live)")
+    return HeldGauge(Gauge("edje_corpus_rows", description="Images this replica can score or search (stored + live)"))
 
 
 class RequestMetrics:

@@ -155,11 +155,14 @@ def assert_same_table(got, want, want_meta, keep_types):
     assert (meta.backbone, meta.num_tokens, meta.width, meta.quantization) == \
         (want_meta.backbone, want_meta.num_tokens, want_meta.width, want_meta.quantization)
     a, b = decode_tokens(table, meta), decode_tokens(want, want_meta)
-    bound = 1e-5 * np.maximum(np.abs(a), np.abs(b)) + 1e-6
-    assert (np.abs(a - b) <= bound).all(), f"worst token difference {np.abs(a - b).max():.3g}"
+    # Batches of another size take other BLAS paths: fp32 noise scales with an image's largest activation, so a
+    # near-zero entry may differ by more than 1e-5 of itself.
+    scale = np.abs(b).max(axis=(1, 2), keepdims=True)
+    worst = (np.abs(a - b) / scale).max()
+    assert worst <= 1e-5, f"worst token difference {worst:.3g} of the image's largest token value"
     from edje.schemas.token_table import vector_matrix
-    np.testing.assert_allclose(vector_matrix(table.column("image_embedding")),
-                               vector_matrix(want.column("image_embedding")), rtol=1e-5, atol=1e-6)
+    got_vectors, want_vectors = (vector_matrix(t.column("image_embedding")) for t in (table, want))
+    np.testing.assert_allclose(got_vectors, want_vectors, rtol=1e-5, atol=1e-5 * np.abs(want_vectors).max())
     for name, t in keep_types.items():
         assert table.schema.field(name).type == t, name
         np.testing.assert_allclose(np.asarray(table.column(name).to_pylist(), np.float64),
