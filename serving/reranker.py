@@ -40,7 +40,7 @@ class Reranker:
         # The core picks its device and threads from the resources this replica was given, whichever set them:
         # the code's options or a config file's `deployments:` section (which overrides them).
         self.core = RerankerCore(_with_assigned_resources(config), _replica_id())
-        self.metrics.rows(len(self.core.store))
+        self.metrics.corpus_rows.set(len(self.core.store))
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edje-forward")
         self._batched_forward.set_max_batch_size(config.max_batch_pairs)
         self._batched_forward.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
@@ -61,7 +61,7 @@ class Reranker:
         else:
             prepared, took = timed(self.core.prepare, texts, image_ids, with_urls)
         self.metrics.gather_seconds.observe(took, tags={"inline": "true" if images else "false"})
-        self.metrics.rows(len(self.core.store))  # the gather applied any images other replicas added
+        self.metrics.corpus_rows.set(len(self.core.store))  # the gather applied any images other replicas added
         if isinstance(prepared, Scores):
             return prepared
         forward = self._batched_forward if self.config.dynamic_batching else self._single_forward
@@ -92,7 +92,7 @@ class Reranker:
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self.executor, self.core.add_image, data, image_id, url)
         self.metrics.live_adds.inc(tags={"status_code": str(out.status)})
-        self.metrics.rows(len(self.core.store))
+        self.metrics.corpus_rows.set(len(self.core.store))
         return out
 
     def image_urls(self, image_ids: List[str]) -> List[Optional[str]]:

@@ -60,13 +60,6 @@ class RerankerMetrics:
                              "lookups by result (hit, miss)", tag_keys=("result",))
         self.corpus_rows = corpus_rows_gauge()
         self._seen_hits = self._seen_misses = 0
-        self._rows: Optional[int] = None
-
-    def rows(self, n: int) -> None:
-        """Set the corpus-rows gauge when it changed."""
-        if n != self._rows:
-            self._rows = n
-            self.corpus_rows.set(n)
 
     def cache_counts(self, hits: int, misses: int) -> None:
         """Export the core's cumulative cache counts as counter increments."""
@@ -103,10 +96,11 @@ class HeldGauge:
                          name="edje-gauge-refresh").start()
 
     def set(self, value: float) -> None:
-        """Record value now and keep recording it."""
+        """Record value now when it changed (the thread keeps recording it); cheap enough for every request."""
         with self._lock:
-            self._value = value
-            self._gauge.set(value)
+            if value != self._value:
+                self._value = value
+                self._gauge.set(value)
 
     def refresh(self) -> None:
         """Record the last value again (nothing before the first set)."""
