@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from edje.model.ranking import RankingConfig
-from edje.model.text_augment import augment_batch
+from edje.model.text_augment import OPERATIONS, augment_batch
 from edje.schemas.annotations import Annotations
 
 FUSION_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -76,8 +76,9 @@ def fit_first_stage_weight(splits: Sequence[FusionSplit], where: str,
     return rule, {str(v): round(r1, 2) for v, r1 in sweep.items()}
 
 
-def rewrite_captions(ann: Annotations, share: float, seed: int = 0) -> Tuple[Annotations, List[int]]:
-    """`ann` with `share` of its captions rewritten by a random EDA/AEDA operation (the images and their order kept),
-    and the rows rewritten."""
-    captions, rows = augment_batch(ann.captions, share, np.random.default_rng(seed))
+def rewrite_captions(ann: Annotations, share: float, seed: int = 0,
+                     ops: Sequence[str] = OPERATIONS) -> Tuple[Annotations, List[int]]:
+    """`ann` with `share` of its captions rewritten by a random one of `ops` (model/text_augment.py; the images and
+    their order kept), and the rows rewritten."""
+    captions, rows = augment_batch(ann.captions, share, np.random.default_rng(seed), ops=ops)
     return Annotations(ann.path, ann.image_ids, ann.image_paths, list(captions), ann.caption_image), rows

@@ -23,9 +23,10 @@ import argparse
 import dataclasses
 import json
 import pickle
+import re
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -33,11 +34,14 @@ from edje.evaluation import rerank_eval
 from edje.evaluation.eval_config import EvalConfig
 from edje.evaluation.ranking_fit import FUSION_WEIGHTS, candidate_labels, rewrite_captions
 from edje.evaluation.recall import rerank, within_group_accuracy
+from edje.model.content_words import FUNCTION_WORDS
 from edje.model.recall import recall, t2i_answers
+from edje.model.text_augment import ALL_OPERATIONS, OPERATIONS
 
 # The first stage's confidence (its top cosine, its margin over the second) and the reranker's side of it (ITM's top-1
-# margin, its top logit, whether the two stages' top candidates agree, the cosine given up by ITM's choice).
-FEATURES = ("top", "margin", "itm_margin", "itm_top", "agree", "cos_gap")
+# margin, its top logit, whether the two stages' top candidates agree, the cosine given up by ITM's choice), and the
+# query's form: the share of its words that are English function words (a terse, keyword-like query has few).
+FEATURES = ("top", "margin", "itm_margin", "itm_top", "agree", "cos_gap", "function_share")
 
 
 @dataclasses.dataclass
@@ -51,18 +55,20 @@ class Capture:
     group: Optional[np.ndarray]  # family id of each image
     held: Optional[np.ndarray]   # bool per query: written from a held-out template
     base: Optional[np.ndarray]   # the queries that are each image's first captions (None: all)
+    texts: List[str] = dataclasses.field(default_factory=list)  # each query's caption as ranked
 
 
-def cached_capture(path: Path, cfg: EvalConfig, augment: float = 0.0) -> Capture:
+def cached_capture(path: Path, cfg: EvalConfig, augment: float = 0.0,
+                   ops: Sequence[str] = OPERATIONS) -> Capture:
     """`capture`, kept in `path` (a pickle) so that another fit reads the scores instead of scoring again."""
     if path.exists():
         return pickle.loads(path.read_bytes())
-    found = capture(cfg, augment)
+    found = capture(cfg, augment, ops=ops)
     path.write_bytes(pickle.dumps(found))
     return found
 
 
-def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0) -> Capture:
+def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0, ops: Sequence[str] = OPERATIONS) -> Capture:
     """Run jobs/evaluate.py's evaluation once, keeping its text->image scores (captions rewritten at `augment`)."""
     kept: Dict[str, np.ndarray] = {}
     first_stage, score_pairs, load = rerank_eval.first_stage, rerank_eval.score_pairs, rerank_eval.load_annotations
@@ -81,7 +87,7 @@ def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0) -> Capture:
 
     def load_rewritten(path):
         ann = load(path)
-        return rewrite_captions(ann, augment, seed)[0] if augment else ann
+        return rewrite_captions(ann, augment, seed, ops)[0] if augment else ann
 
     rerank_eval.first_stage, rerank_eval.score_pairs, rerank_eval.load_annotations = (keep_first_stage, keep_scores,
                                                                                       load_rewritten)
@@ -96,11 +102,19 @@ def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0) -> Capture:
     itm = kept["itm"].reshape(len(ann.captions), -1)  # scored flat, query after query
     group = None if records is None else rerank_eval.families_and_scenes(records)[0]
     return Capture(kept["sim"][:, :itm.shape[1]], kept["idx"], itm, t2i_answers(ann.caption_image), group, held,
-                   None if added is None else np.flatnonzero(~added))
+                   None if added is None else np.flatnonzero(~added), list(ann.captions))
+
+
+def function_share(text: str) -> float:
+    """The share of a caption's words that are English function words (0 for a caption without words)."""
+    words = re.findall(r"[a-z']+", text.lower())
+    return sum(w in FUNCTION_WORDS for w in words) / len(words) if words else 0.0
 
 
 def confidence(c: Capture, feature: str) -> np.ndarray:
     """Per query, one of FEATURES."""
+    if feature == "function_share":
+        return np.array([function_share(t) for t in c.texts], np.float32)
     itm = np.sort(c.itm, axis=1)[:, ::-1]
     choice = np.argmax(c.itm, axis=1)
     return {"top": lambda: c.sim[:, 0], "margin": lambda: c.sim[:, 0] - c.sim[:, 1],
@@ -151,10 +165,35 @@ def fit_global(c: Capture) -> Dict:
     return {"feature": None, "w_lo": w, "w_hi": w, "threshold": 0.0, "fit_r1": r1[w]}
 
 
+def rule_weights(c: Capture, rule: Dict) -> np.ndarray:
+    """Each query's fusion weight under a fitted rule: the switch on its feature, then, where the rule has one, the
+    form weight for a query whose function-word share is below the form threshold."""
+    conf = confidence(c, rule["feature"] or "top")
+    weights = np.where(conf >= rule["threshold"], rule["w_hi"], rule["w_lo"]).astype(np.float32)
+    if rule.get("form_threshold") is not None:
+        weights = np.where(confidence(c, "function_share") < rule["form_threshold"], rule["w_form"], weights)
+    return weights.astype(np.float32)
+
+
+def fit_form(c: Capture, rule: Dict) -> Dict:
+    """`rule` with a form switch on top (w_form for a query whose function-word share is below a threshold), the
+    one with the best T2I R@1 on `c`; `rule` unchanged when none raises it."""
+    share = confidence(c, "function_share")
+    labels = candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
+    base = rule_weights(c, rule)
+    best = (fit_r1(c, labels, base), {**rule, "form_threshold": None, "w_form": None})
+    for t in np.unique(np.round(np.quantile(share, np.linspace(0.05, 0.95, 19)), 4)):
+        for w in FUSION_WEIGHTS:
+            r1 = fit_r1(c, labels, np.where(share < t, w, base).astype(np.float32))
+            if r1 > best[0]:
+                best = (r1, {**rule, "form_threshold": float(t), "w_form": w, "fit_r1": r1})
+    return best[1]
+
+
 def report(test: Capture, rule: Dict) -> Dict:
     """A fitted rule's figures on the test split: every base query, the training-template and held-out ones."""
     conf = confidence(test, rule["feature"] or "top")
-    weights = np.where(conf >= rule["threshold"], rule["w_hi"], rule["w_lo"]).astype(np.float32)
+    weights = rule_weights(test, rule)
     base = np.arange(len(test.answers)) if test.base is None else test.base
     out = {"rule": rule, "all": figures(test, weights, base)}
     if test.held is not None:
@@ -194,6 +233,11 @@ def main(argv=None) -> None:
     p.add_argument("--held-out-template-queries", type=int, default=1)
     p.add_argument("--augment-fit", type=float, nargs="+", default=[0.0],
                    help="shares of the fit split's captions rewritten (one fit per share)")
+    p.add_argument("--augment-ops", nargs="+", default=list(OPERATIONS), choices=ALL_OPERATIONS,
+                   help="the rewrites the fit split's captions get (model/text_augment.py)")
+    p.add_argument("--form", action="store_true",
+                   help="also fit a form switch (the query's function-word share) over the one weight and over the "
+                   "top-cosine switch")
     p.add_argument("--diagnose", action="store_true",
                    help="also read on the test split every low weight at the fitted threshold, and a perfect "
                    "per-query weight (upper bounds, chosen on the test split: for a validation split only)")
@@ -207,11 +251,16 @@ def main(argv=None) -> None:
         held_out_template_queries=a.held_out_template_queries, **common))
     rows = {"itm_alone": report(test, {"feature": None, "w_lo": 0.0, "w_hi": 0.0, "threshold": 0.0, "fit_r1": None})}
     for share in a.augment_fit:
-        fit = cached_capture(out / f"fit_{share:g}.pkl", EvalConfig(annotations=a.fit_annotations,
-                                                                   tokens=a.fit_tokens, **common), share)
+        fit = cached_capture(out / f"fit_{share:g}_{'_'.join(a.augment_ops)}.pkl",
+                             EvalConfig(annotations=a.fit_annotations, tokens=a.fit_tokens, **common), share,
+                             a.augment_ops)
         rows[f"global, fit augment {share:g}"] = report(test, fit_global(fit))
         for feature in FEATURES:
             rows[f"switch on {feature}, fit augment {share:g}"] = report(test, fit_switch(fit, feature))
+        if a.form:
+            for start in ("global", "switch on top"):
+                rule = rows[f"{start}, fit augment {share:g}"]["rule"]
+                rows[f"{start} + form, fit augment {share:g}"] = report(test, fit_form(fit, rule))
         if a.diagnose:
             rule = rows[f"switch on top, fit augment {share:g}"]["rule"]
             for lo in FUSION_WEIGHTS:  # every low weight at the fitted threshold, read on the test split
