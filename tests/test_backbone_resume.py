@@ -125,6 +125,28 @@ def test_a_run_from_init_starts_from_those_weights(world, tmp_path):
                        log=quiet)
 
 
+def test_a_locked_image_tower_starts_a_wider_text_tower_of_another_model(world, tmp_path):
+    torch.set_num_threads(1)
+    quiet = lambda s: None
+    base = _config(world, tmp_path, "base128", model="edje-tiny-convvit-128", epochs=1, storage_path=None)
+    train_backbone(base, log=quiet)
+    lines = []
+    wide = _config(world, tmp_path, "wide", model="edje-tiny-convvit-128-t128", epochs=1, init=base.output,
+                   lock_image=True, storage_path=None)
+    train_backbone(wide, log=lines.append)
+    a, b = load_file(base.output), load_file(wide.output)
+    visual = [k for k in a if k.startswith("visual.")]
+    assert len(visual) > 20 and all(torch.equal(a[k], b[k]) for k in visual)
+    assert a["token_embedding.weight"].shape[1] == 64 and b["token_embedding.weight"].shape[1] == 128
+    assert f"the image tower of edje-tiny-convvit-128 from {base.output}, locked; a fresh edje-tiny-convvit-128-t128 " \
+        "text tower" in lines
+    # Only a locked image tower carries over from another model, and only one of the same shape.
+    with pytest.raises(ValueError, match="with --lock-image its image tower can start a new text tower"):
+        train_backbone(replace(wide, lock_image=False, output=str(tmp_path / "unlocked.safetensors")), log=quiet)
+    with pytest.raises(ValueError, match="whose image tower is not edje-tiny-convvit's"):
+        train_backbone(replace(wide, model="edje-tiny-convvit", output=str(tmp_path / "small.safetensors")), log=quiet)
+
+
 def test_a_locked_image_tower_trains_the_text_tower_alone_and_resumes(world, tmp_path):
     torch.set_num_threads(1)
     quiet = lambda s: None

@@ -47,8 +47,9 @@ class BackboneTrainConfig:
     output: str = option(required=True, help="output .safetensors path (a .json record is written beside it)")
     eval_annotations: Optional[str] = option(None, flag="--eval", help="annotation JSON to report zero-shot recall on")
     model: str = option("edje-tiny-convvit", help="open_clip model name (model/configs/*.json)")
-    init: Optional[str] = option(None, help="start from this backbone checkpoint (.safetensors of the same --model): "
-                                 "more epochs on more data, or a fine-tune (a resumed run's own checkpoint wins)")
+    init: Optional[str] = option(None, help="start from this backbone checkpoint (.safetensors of the same --model, or "
+                                 "with --lock-image of one with the same image tower): more epochs on more data, or a "
+                                 "fine-tune (a resumed run's own checkpoint wins)")
     epochs: int = option(12)
     batch_size: int = option(256)
     lr: float = option(1e-3)
@@ -194,13 +195,27 @@ def preprocess(clip: torch.nn.Module, images_u8) -> torch.Tensor:
     return (x - mean) / std
 
 
-def load_init(clip: torch.nn.Module, path: str, model: str) -> None:
-    """Load a backbone checkpoint's weights into ``clip`` (ValueError when it was written for another model)."""
+def load_init(clip: torch.nn.Module, path: str, model: str, lock_image: bool = False) -> Optional[str]:
+    """Load a backbone checkpoint's weights into ``clip`` (ValueError when it was written for another model). With
+    ``lock_image``, weights of another model whose image tower is ``model``'s give that tower alone, and the text
+    tower starts fresh; returns the other model's name then."""
     with safe_open(path, framework="pt") as f:
         written_for = (f.metadata() or {}).get("model")
-    if written_for is not None and written_for != model:
-        raise ValueError(f"{path} holds weights of {written_for}, not {model}")
-    clip.load_state_dict({k: v.float() for k, v in load_file(path).items()})
+    state = {k: v.float() for k, v in load_file(path).items()}
+    if written_for is None or written_for == model:
+        clip.load_state_dict(state)
+        return None
+    if not lock_image:
+        raise ValueError(f"{path} holds weights of {written_for}, not {model} (with --lock-image its image tower "
+                         "can start a new text tower)")
+    # LiT with a text tower of another size: the image tower, bit for bit, is all that carries over.
+    own = {k: v for k, v in clip.state_dict().items() if k.startswith("visual.")}
+    image = {k: v for k, v in state.items() if k.startswith("visual.")}
+    differ = sorted(set(own) ^ set(image)) + [k for k in own if k in image and own[k].shape != image[k].shape]
+    if differ:
+        raise ValueError(f"{path} holds weights of {written_for}, whose image tower is not {model}'s ({differ[0]})")
+    clip.load_state_dict(image, strict=False)
+    return written_for
 
 
 def image_size(clip: torch.nn.Module) -> int:
@@ -354,7 +369,9 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     size = image_size(clip)
     train = load_annotations(cfg.train_annotations)
     if cfg.init:
-        load_init(clip, cfg.init, cfg.model)
+        other = load_init(clip, cfg.init, cfg.model, cfg.lock_image)
+        if other:
+            log(f"the image tower of {other} from {cfg.init}, locked; a fresh {cfg.model} text tower")
     # Pixels stay uint8 until a batch needs them: a quarter of the memory of a preprocessed float copy.
     images = torch.from_numpy(load_image_files(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
