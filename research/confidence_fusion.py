@@ -10,7 +10,8 @@ within-family accuracy on the test split: every query, the training-template one
 punctuation (model/text_augment.py: generic, no word list, nothing of the held-out templates), so that the fit
 meets wordings the text tower reads less well. The study behind the product's switch (model/ranking.py, fitted by
 `jobs/evaluate.py --fit-confidence-switch --fit-caption-augment`, evaluation/ranking_fit.py), which keeps the one
-weight above the threshold; this study also fits the weight above it and the margin feature.
+weight above the threshold; this study also fits the weight above it and the margin feature, and with `--form` a
+weight for queries whose share of English function words is below a threshold (a terse, keyword-like query).
 
   python -m edje.research.confidence_fusion --checkpoint CK --backbone-pretrained BB \
       --fit-annotations runs/open/w300/flickr30k_val.json --fit-tokens runs/open/q300/val.parquet \

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edje.research.confidence_fusion import Capture, fit_global, fit_switch, report
+from edje.research.confidence_fusion import Capture, fit_form, fit_global, fit_switch, function_share, report
 
 
 def _capture(rng, n=400, k=5, held=None):
@@ -36,3 +36,20 @@ def test_the_switch_trusts_an_unsure_first_stage_less_and_beats_one_weight():
     assert by_switch["all"]["r1"] == 100.0 > by_one["all"]["r1"]
     assert by_switch["held_out_below_threshold"] == 1.0 and by_switch["training_below_threshold"] == 0.0
     assert by_switch["held_out_templates"]["queries"] == by_switch["training_templates"]["queries"] == 200
+
+
+def test_the_form_switch_reads_a_querys_share_of_function_words():
+    assert function_share("a small dog to the left of a cat") == 5 / 9  # a, to, the, of, a
+    assert function_share("dog (small, facing left)") == 0.0 and function_share("") == 0.0
+    # The margin capture again, with its unsure queries written terse. One weight of 8 ranks the sentences right and
+    # the terse queries wrong; a form weight of 4 or less below a share between theirs ranks them right too.
+    fit = _capture(np.random.default_rng(0))
+    fit.texts = ["dog (small) left of cat" if q % 2 else "a dog to the left of a cat" for q in range(400)]
+    eight = {"feature": None, "w_lo": 8.0, "w_hi": 8.0, "threshold": 0.0, "fit_r1": None}
+    assert report(fit, eight)["all"]["r1"] == 50.0
+    form = fit_form(fit, eight)
+    assert form["w_form"] <= 4 and 0.2 < form["form_threshold"] <= 0.625 and form["fit_r1"] == 100.0
+    assert report(fit, form)["all"]["r1"] == 100.0
+    # Where no form weight raises R@1, the rule stays as it was.
+    fit.texts = ["a dog to the left of a cat"] * 400
+    assert fit_form(fit, eight)["form_threshold"] is None
