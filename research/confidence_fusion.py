@@ -63,10 +63,17 @@ def cached_capture(path: Path, cfg: EvalConfig, augment: float = 0.0,
                    ops: Sequence[str] = OPERATIONS) -> Capture:
     """`capture`, kept in `path` (a pickle) so that another fit reads the scores instead of scoring again."""
     if path.exists():
-        return pickle.loads(path.read_bytes())
+        return load_capture(path)
     found = capture(cfg, augment, ops=ops)
-    path.write_bytes(pickle.dumps(found))
+    # Its fields, not the object: a pickle of a class defined in __main__ (this module run as a script) would load
+    # nowhere else.
+    path.write_bytes(pickle.dumps(dataclasses.asdict(found)))
     return found
+
+
+def load_capture(path: Path) -> Capture:
+    """A capture that `cached_capture` kept."""
+    return Capture(**pickle.loads(Path(path).read_bytes()))
 
 
 def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0, ops: Sequence[str] = OPERATIONS) -> Capture:

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
-import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from edje.evaluation.recall import rerank
 from edje.model.ranking import read_ranking
-from edje.research.confidence_fusion import Capture
+from edje.research.confidence_fusion import Capture, load_capture
 
 
 def fused_order(c: Capture, checkpoint: str) -> np.ndarray:
@@ -60,12 +57,6 @@ def paired(captures: Sequence[Capture], orders: Sequence[np.ndarray], queries: n
                     shared[i] += int(all(f[0] < f[1][t] for t in common))
     return {"as_evaluated": [{"within_family": round(100 * h / t, 2) if t else None, "queries": t} for h, t in own],
             "shared": {"within_family": [round(100 * s / n, 2) if n else None for s in shared], "queries": n}}
-
-
-def load_capture(path: str) -> Capture:
-    """A confidence_fusion test.pkl (written by that module run as __main__)."""
-    sys.modules["__main__"].Capture = Capture
-    return pickle.loads(Path(path).read_bytes())
 
 
 def main(argv=None) -> None:
