@@ -4,7 +4,7 @@ R@1/5/10 itself is model/recall.py (the backbone's training reports it too).
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,15 +26,20 @@ def within_group_accuracy(rankings: np.ndarray, correct: Sequence[np.ndarray], g
     answer is ranked above every twin. ``group`` maps each ranked item to its group id."""
     hits = total = 0
     for q, answers in enumerate(correct):
-        top = rankings[q, :k]
-        pos = np.flatnonzero(np.isin(top, answers))
-        if not pos.size:
-            continue
-        fam = group[top[pos[0]]]
-        twins = np.flatnonzero((group[top] == fam) & ~np.isin(top, answers))
-        if not twins.size:
+        found = answer_and_twins(rankings[q, :k], answers, group)
+        if found is None or not found[1]:
             continue
         total += 1
-        hits += int(pos[0] < twins[0])
+        hits += int(found[0] < min(found[1].values()))
     return {"accuracy": round(100.0 * hits / total, 2) if total else None, "queries": total}
+
+
+def answer_and_twins(top: np.ndarray, answers: np.ndarray, group: np.ndarray) -> Optional[Tuple[int, Dict[int, int]]]:
+    """In one query's ranked items `top`: (the first answer's position, {twin item: position}) for the other items of
+    that answer's group, or None where no answer is ranked."""
+    pos = np.flatnonzero(np.isin(top, answers))
+    if not pos.size:
+        return None
+    twins = np.flatnonzero((group[top] == group[top[pos[0]]]) & ~np.isin(top, answers))
+    return int(pos[0]), {int(top[i]): int(i) for i in twins}
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from edje.evaluation import rerank_eval
 from edje.evaluation.eval_config import EvalConfig
-from edje.evaluation.ranking_fit import FUSION_WEIGHTS, candidate_labels, rewrite_captions
+from edje.evaluation.ranking_fit import FUSION_WEIGHTS, THRESHOLD_QUANTILES, candidate_labels, rewrite_captions
 from edje.evaluation.recall import rerank, within_group_accuracy
 from edje.model.content_words import FUNCTION_WORDS
 from edje.model.recall import recall, t2i_answers
@@ -155,7 +155,7 @@ def fit_switch(c: Capture, feature: str) -> Dict:
     conf = confidence(c, feature)
     labels = candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
     best = None
-    for t in np.quantile(conf, np.linspace(0.05, 0.95, 19)):
+    for t in np.quantile(conf, THRESHOLD_QUANTILES):
         for lo in FUSION_WEIGHTS:
             for hi in FUSION_WEIGHTS:
                 r1 = fit_r1(c, labels, np.where(conf >= t, hi, lo))
@@ -190,7 +190,7 @@ def fit_form(c: Capture, rule: Dict) -> Dict:
     labels = candidate_labels(c.idx[:, :c.itm.shape[1]], c.answers)
     base = rule_weights(c, rule)
     best = (fit_r1(c, labels, base), {**rule, "form_threshold": None, "w_form": None})
-    for t in np.unique(np.round(np.quantile(share, np.linspace(0.05, 0.95, 19)), 4)):
+    for t in np.unique(np.round(np.quantile(share, THRESHOLD_QUANTILES), 4)):
         for w in FUSION_WEIGHTS:
             r1 = fit_r1(c, labels, np.where(share < t, w, base).astype(np.float32))
             if r1 > best[0]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
-from edje.evaluation.recall import rerank
+from edje.evaluation.recall import answer_and_twins, rerank
 from edje.model.ranking import read_ranking
 from edje.research.confidence_fusion import Capture, load_capture
 
@@ -27,16 +27,6 @@ def fused_order(c: Capture, checkpoint: str) -> np.ndarray:
     return rerank(c.idx, c.itm.shape[1], rule.fuse(c.itm, c.sim))
 
 
-def answer_and_twins(order: np.ndarray, answers: np.ndarray, group: np.ndarray, k: int) -> Optional[tuple]:
-    """(the answer's rank, {twin: rank}) in the first k, or None where the answer is not there."""
-    top = order[:k]
-    pos = np.flatnonzero(np.isin(top, answers))
-    if not pos.size:
-        return None
-    twins = np.flatnonzero((group[top] == group[top[pos[0]]]) & ~np.isin(top, answers))
-    return int(pos[0]), {int(top[i]): int(i) for i in twins}
-
-
 def paired(captures: Sequence[Capture], orders: Sequence[np.ndarray], queries: np.ndarray) -> Dict:
     """Each capture's within-family accuracy as evaluated, and both over the shared queries and twins."""
     k = captures[0].itm.shape[1]
@@ -44,7 +34,7 @@ def paired(captures: Sequence[Capture], orders: Sequence[np.ndarray], queries: n
     shared: List[int] = [0] * len(captures)
     n = 0
     for q in queries:
-        found = [answer_and_twins(o[q], c.answers[q], c.group, k) for c, o in zip(captures, orders)]
+        found = [answer_and_twins(o[q, :k], c.answers[q], c.group) for c, o in zip(captures, orders)]
         for i, f in enumerate(found):
             if f and f[1]:
                 own[i][1] += 1
