@@ -57,6 +57,7 @@ class Capture:
     held: Optional[np.ndarray]   # bool per query: written from a held-out template
     base: Optional[np.ndarray]   # the queries that are each image's first captions (None: all)
     texts: List[str] = dataclasses.field(default_factory=list)  # each query's caption as ranked
+    images: Optional[np.ndarray] = None  # [I, e] the gallery's pooled embeddings, the rows `idx` points at
 
 
 def cached_capture(path: Path, cfg: EvalConfig, augment: float = 0.0,
@@ -85,6 +86,7 @@ def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0, ops: Sequence[
         out = first_stage(queries, items, depth)
         kept.setdefault("sim", out[0])  # the first call ranks images for the text queries
         kept.setdefault("idx", out[1])
+        kept.setdefault("images", items)
         return out
 
     def keep_scores(scorer, texts, image_index, images, label="pairs"):
@@ -110,7 +112,7 @@ def capture(cfg: EvalConfig, augment: float = 0.0, seed: int = 0, ops: Sequence[
     itm = kept["itm"].reshape(len(ann.captions), -1)  # scored flat, query after query
     group = None if records is None else rerank_eval.families_and_scenes(records)[0]
     return Capture(kept["sim"][:, :itm.shape[1]], kept["idx"], itm, t2i_answers(ann.caption_image), group, held,
-                   None if added is None else np.flatnonzero(~added), list(ann.captions))
+                   None if added is None else np.flatnonzero(~added), list(ann.captions), kept["images"])
 
 
 def function_share(text: str) -> float:
