@@ -17,11 +17,12 @@ candidates: a paired reading). Figures as research/confidence_fusion.py gives th
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -58,11 +59,11 @@ def caption_states(texts: Sequence[str], folder: str, max_length: int = 64,
 class TextHead(nn.Module):
     """Frozen token states to a unit embedding: an attention pool and the masked mean, then an MLP."""
 
-    def __init__(self, width: int, embed_dim: int, hidden: int = 512) -> None:
+    def __init__(self, width: int, embed_dim: int, hidden: int = 512, dropout: float = 0.0) -> None:
         super().__init__()
         self.query = nn.Parameter(torch.randn(width) / width ** 0.5)
-        self.mlp = nn.Sequential(nn.LayerNorm(2 * width), nn.Linear(2 * width, hidden), nn.GELU(),
-                                 nn.Linear(hidden, embed_dim))
+        self.mlp = nn.Sequential(nn.LayerNorm(2 * width), nn.Dropout(dropout), nn.Linear(2 * width, hidden), nn.GELU(),
+                                 nn.Dropout(dropout), nn.Linear(hidden, embed_dim))
         self.logit_scale = nn.Parameter(torch.tensor(float(np.log(1 / 0.07))))
 
     def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,12 +85,15 @@ def embed(head: TextHead, states: np.ndarray, mask: np.ndarray, batch: int = 102
 
 
 def train_head(states: np.ndarray, mask: np.ndarray, caption_image: np.ndarray, images: np.ndarray, epochs: int,
-               batch: int = 256, lr: float = 1e-3, seed: int = 0, log=print) -> TextHead:
+               batch: int = 256, lr: float = 1e-3, seed: int = 0, log=print, dropout: float = 0.0,
+               validate: Optional[Callable[[TextHead], float]] = None) -> TextHead:
     """LiT on locked image embeddings: each epoch takes one random caption of every image, in batches of distinct
-    images, and pulls it to its image against the batch's others, both ways."""
+    images, and pulls it to its image against the batch's others, both ways. With `validate` (a score of the head,
+    higher better) the epoch that scores best is the one returned."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    head = TextHead(states.shape[-1], images.shape[1])
+    head = TextHead(states.shape[-1], images.shape[1], dropout=dropout)
+    best = (-np.inf, None, 0)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
     by_image = [np.flatnonzero(caption_image == i) for i in range(len(images))]
     with_caption = np.array([i for i, c in enumerate(by_image) if len(c)])
@@ -112,8 +116,21 @@ def train_head(states: np.ndarray, mask: np.ndarray, caption_image: np.ndarray, 
             opt.step()
             sched.step()
             losses.append(loss.item())
-        log(f"epoch {epoch + 1}/{epochs}: contrastive loss {np.mean(losses):.3f}")
+        score = None if validate is None else validate(head)
+        log(f"epoch {epoch + 1}/{epochs}: contrastive loss {np.mean(losses):.3f}"
+            + ("" if score is None else f", validation {score:.2f}"))
+        if score is not None and score > best[0]:
+            best = (score, copy.deepcopy(head.state_dict()), epoch + 1)
+    if best[1] is not None:
+        head.load_state_dict(best[1])
+        log(f"kept epoch {best[2]} (validation {best[0]:.2f})")
     return head
+
+
+def gallery_r1(head: TextHead, states: np.ndarray, mask: np.ndarray, c: Capture) -> float:
+    """The head's T2I R@1 (%) over a capture's whole gallery (its own first stage, no reranker)."""
+    top = np.argmax(embed(head, states, mask) @ c.images.T, axis=1)
+    return 100.0 * float(np.mean([t in a for t, a in zip(top, c.answers)]))
 
 
 def mixed(c: Capture, text: np.ndarray, a: float) -> Capture:
@@ -184,8 +201,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--backbone-pretrained", default=None)
-    p.add_argument("--train-annotations", required=True, help="the captions the head trains on")
-    p.add_argument("--train-tokens", nargs="+", required=True, help="token tables of those images (image rows)")
+    p.add_argument("--train-annotations", nargs="+", required=True, help="the captions the head trains on")
+    p.add_argument("--train-tokens", nargs="+", required=True,
+                   help="token tables of those images (image rows), one table or folder per annotation file")
     p.add_argument("--fit-annotations", required=True)
     p.add_argument("--fit-tokens", nargs="+", required=True)
     p.add_argument("--annotations", required=True)
@@ -197,6 +215,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--select-on-fit", action="store_true",
+                   help="keep the epoch whose head alone ranks the fit split's gallery best (T2I R@1)")
     p.add_argument("--output", required=True)
     a = p.parse_args(argv)
     out = Path(a.output)
@@ -206,21 +227,36 @@ def main(argv=None) -> None:
     test = cached_capture(out / "test.pkl", EvalConfig(annotations=a.annotations, tokens=a.tokens,
                                                        max_queries_per_image=1, held_out_template_queries=1, **common))
     fit = cached_capture(out / "fit.pkl", EvalConfig(annotations=a.fit_annotations, tokens=a.fit_tokens, **common))
+    if len(a.train_tokens) != len(a.train_annotations):
+        p.error("--train-tokens takes one table or folder per --train-annotations file")
     t0 = time.time()
-    texts, caption_image, images = image_rows(a.train_annotations, expand_paths(a.train_tokens))
-    states, mask = cached_states(out / "train_states.npz", texts, folder, a.max_length)
-    print(f"train states {states.shape} in {time.time() - t0:.0f} s", flush=True)
+    parts = []
+    for i, (ann, tables) in enumerate(zip(a.train_annotations, a.train_tokens)):
+        texts, caption_image, images = image_rows(ann, expand_paths([tables]))
+        name = "train_states.npz" if i == 0 else f"train_states_{i}.npz"
+        parts.append((*cached_states(out / name, texts, folder, a.max_length), caption_image, images))
+    offsets = np.cumsum([0] + [len(x[3]) for x in parts[:-1]])
+    states = np.concatenate([x[0] for x in parts])
+    mask = np.concatenate([x[1] for x in parts])
+    caption_image = np.concatenate([x[2] + o for x, o in zip(parts, offsets)])
+    images = np.concatenate([x[3] for x in parts])
+    del parts
+    print(f"train states {states.shape} of {len(images)} images in {time.time() - t0:.0f} s", flush=True)
+    fit_states = cached_states(out / "fit_states.npz", fit.texts, folder, a.max_length)
     head_path = out / "head.pt"
     if head_path.exists():
-        head = TextHead(states.shape[-1], images.shape[1])
+        head = TextHead(states.shape[-1], images.shape[1], dropout=a.dropout)
         head.load_state_dict(torch.load(head_path))
     else:
         t0 = time.time()
         head = train_head(states, mask, caption_image, images, a.epochs, a.batch_size, a.lr, a.seed,
-                          log=lambda s: print(s, flush=True))
+                          log=lambda s: print(s, flush=True), dropout=a.dropout,
+                          validate=(lambda h: gallery_r1(h, *fit_states, fit)) if a.select_on_fit else None)
         torch.save(head.state_dict(), head_path)
         print(f"head trained in {time.time() - t0:.0f} s", flush=True)
-    fit_text = embed(head, *cached_states(out / "fit_states.npz", fit.texts, folder, a.max_length))
+    print(f"the head alone: fit split T2I R@1 {gallery_r1(head, *fit_states, fit):.2f} over its whole gallery",
+          flush=True)
+    fit_text = embed(head, *fit_states)
     test_text = embed(head, *cached_states(out / "test_states.npz", test.texts, folder, a.max_length))
     rows = study(fit, test, fit_text, test_text, a.checkpoint)
     (out / "pretrained_text_first_stage.json").write_text(json.dumps(rows, indent=2) + "\n")

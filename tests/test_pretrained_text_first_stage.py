@@ -4,10 +4,10 @@ fitted it."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from edje.research.confidence_fusion import Capture
-from edje.research.pretrained_text_first_stage import (caption_states, embed, first_stage_alone, mixed, shipped_rule,
-                                                       train_head)
+from edje.research.pretrained_text_first_stage import caption_states, embed, first_stage_alone, mixed, shipped_rule, train_head
 from edje.training.language_model import default_language_model
 
 
@@ -48,3 +48,20 @@ def test_caption_states_of_the_packaged_language_model_and_the_shipped_rule():
     assert mask[0].sum() < mask[1].sum() <= 16 and mask[:, 0].all()
     rule = shipped_rule("checkpoints/edje-open-c16")
     assert rule["feature"] == "top" and rule["w_hi"] == 64 and rule["w_lo"] == 32 and 0.5 < rule["threshold"] < 1
+
+
+def test_the_epoch_the_validation_scores_best_is_the_one_kept():
+    rng = np.random.default_rng(1)
+    images = rng.normal(size=(8, 4)).astype(np.float32)
+    states = rng.normal(size=(8, 3, 6)).astype(np.float16)
+    scores, seen, logs = iter([1.0, 5.0, 2.0]), [], []
+
+    def validate(head):
+        seen.append({k: v.clone() for k, v in head.state_dict().items()})
+        return next(scores)
+    head = train_head(states, np.ones((8, 3), bool), np.arange(8), images, epochs=3, batch=4, validate=validate,
+                      log=logs.append)
+    assert logs[-1] == "kept epoch 2 (validation 5.00)"
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, seen[1][k])
+    assert not all(torch.equal(v, seen[2][k]) for k, v in head.state_dict().items())
