@@ -220,6 +220,8 @@ def main(argv=None) -> None:
                    help="keep the epoch whose head alone ranks the fit split's gallery best (T2I R@1)")
     p.add_argument("--output", required=True)
     a = p.parse_args(argv)
+    if len(a.train_tokens) != len(a.train_annotations):
+        p.error("--train-tokens takes one table or folder per --train-annotations file")
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
     folder = resolve_language_model(a.language_model).folder
@@ -227,8 +229,6 @@ def main(argv=None) -> None:
     test = cached_capture(out / "test.pkl", EvalConfig(annotations=a.annotations, tokens=a.tokens,
                                                        max_queries_per_image=1, held_out_template_queries=1, **common))
     fit = cached_capture(out / "fit.pkl", EvalConfig(annotations=a.fit_annotations, tokens=a.fit_tokens, **common))
-    if len(a.train_tokens) != len(a.train_annotations):
-        p.error("--train-tokens takes one table or folder per --train-annotations file")
     t0 = time.time()
     parts = []
     for i, (ann, tables) in enumerate(zip(a.train_annotations, a.train_tokens)):
