@@ -164,8 +164,8 @@ def study(fit: Capture, test: Capture, fit_text: np.ndarray, test_text: np.ndarr
         rows["shipped rule"] = {**report(test, shipped_rule(checkpoint)), "first_stage": first_stage_alone(test)}
     for a in MIX:
         rule = fit_global(mixed(fit, fit_text, a))
-        rows[f"mix {a:g}"] = {**report(mixed(test, test_text, a), rule), "first_stage": first_stage_alone(
-            mixed(test, test_text, a))}
+        test_a = mixed(test, test_text, a)
+        rows[f"mix {a:g}"] = {**report(test_a, rule), "first_stage": first_stage_alone(test_a)}
     best = max(MIX, key=lambda a: (rows[f"mix {a:g}"]["rule"]["fit_r1"], -a))
     rows["chosen on the fit split"] = {"mix": best, **rows[f"mix {best:g}"]}
     return rows
@@ -173,14 +173,13 @@ def study(fit: Capture, test: Capture, fit_text: np.ndarray, test_text: np.ndarr
 
 def image_rows(annotations: str, table_paths: Sequence[str]) -> Tuple[List[str], np.ndarray, np.ndarray]:
     """A training split's captions, each caption's row in the image embeddings, and those embeddings."""
+    from edje.schemas.annotations import load_annotations
     from edje.serving.first_stage import read_image_embeddings
 
     ids, emb, _ = read_image_embeddings(list(table_paths))
     row = {k: i for i, k in enumerate(ids)}
-    data = json.loads(Path(annotations).read_text())
-    pairs = [(c, row[r["image_id"]]) for r in data
-             for c in (r["caption"] if isinstance(r["caption"], list) else [r["caption"]])]
-    return [c for c, _ in pairs], np.array([i for _, i in pairs]), emb
+    ann = load_annotations(annotations)
+    return ann.captions, np.array([row[ann.image_ids[i]] for i in ann.caption_image]), emb
 
 
 def cached_states(path: Path, texts: Sequence[str], folder: str, max_length: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,6 @@ Which tokens were trained is read from the captions the backbone trained on (`--
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import re
 from pathlib import Path
@@ -48,14 +47,6 @@ def drop_ids(ids: torch.Tensor, keep: Set[int], pad: int = 0) -> torch.Tensor:
         kept = [x for x in row if x in keep]
         rows.append(kept + [pad] * (len(row) - len(kept)))
     return torch.tensor(rows, dtype=ids.dtype, device=ids.device)
-
-
-def caption_train(path: str) -> List[str]:
-    """The captions of a training annotation file (one row per caption, or Flickr30k's images/sentences)."""
-    data = json.loads(Path(path).read_text())
-    if isinstance(data, dict):
-        return [s["raw"] for im in data["images"] for s in im["sentences"]]
-    return [c for r in data for c in (r["caption"] if isinstance(r["caption"], list) else [r["caption"]])]
 
 
 @torch.no_grad()
@@ -103,12 +94,14 @@ def recall_by_template(ranks: np.ndarray, templates: Sequence[str]) -> Dict[str,
 def first_stage(args) -> Dict[str, Dict]:
     """The first-stage reading of the module docstring, each mode's table."""
     from edje.model.backbone import VisionBackbone
+    from edje.schemas.annotations import load_annotations
     from edje.schemas.config import BackboneConfig
+    from edje.schemas.token_table import expand_paths
     from edje.serving.first_stage import read_image_embeddings
 
     backbone = VisionBackbone.create(BackboneConfig(name=args.backbone, pretrained=args.pretrained))
-    keep = trained_token_ids(backbone.tokenizer, caption_train(args.train_annotations))
-    ids, images, _ = read_image_embeddings(sorted(glob.glob(args.tokens)))
+    keep = trained_token_ids(backbone.tokenizer, load_annotations(args.train_annotations).captions)
+    ids, images, _ = read_image_embeddings(expand_paths([args.tokens]))
     row = {k: i for i, k in enumerate(ids)}
     queries = test_queries(Path(args.world))
     gold = np.array([row[i] for _, i, _ in queries])
@@ -124,8 +117,9 @@ def evaluate(args, rest: List[str]) -> None:
     """jobs/evaluate.py with every backbone's text tower dropping the tokens its training captions never use."""
     from edje.jobs import evaluate as job
     from edje.model.backbone import VisionBackbone
+    from edje.schemas.annotations import load_annotations
 
-    captions = caption_train(args.train_annotations)
+    captions = load_annotations(args.train_annotations).captions
     kept: Dict[int, Set[int]] = {}
 
     @torch.no_grad()
@@ -170,7 +164,7 @@ def main(argv=None) -> None:
     fs = sub.add_parser("first-stage", help="first-stage recall by caption template, per mode")
     fs.add_argument("--train-annotations", required=True, help="the captions the backbone trained on")
     fs.add_argument("--world", required=True, help="an open world's folder: world.json, flickr30k_test_first1000.json")
-    fs.add_argument("--tokens", required=True, help="glob of that test split's token tables")
+    fs.add_argument("--tokens", required=True, help="that test split's token tables: a file, folder or glob")
     fs.add_argument("--backbone", default="edje-tiny-convvit-128")
     fs.add_argument("--pretrained", required=True)
     ev = sub.add_parser("evaluate", help="jobs/evaluate.py, the first stage dropping never-trained tokens")
