@@ -45,6 +45,23 @@ def feature_layer_of(cfg: dict) -> str:
     return "final" if pooled_tokens else "penultimate"
 
 
+def is_hf_text(clip: nn.Module) -> bool:
+    """Whether an open_clip model's text tower is a Hugging Face transformer (open_clip's HFTextEncoder)."""
+    from open_clip.hf_model import HFTextEncoder
+
+    return isinstance(getattr(clip, "text", None), HFTextEncoder)
+
+
+def trim_padding(clip: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Token ids [B, L] without the trailing columns every row pads, for an HF text tower (its attention mask is read
+    from the pad id, so each embedding is the same): a batch then costs its longest caption, not the context length.
+    Other text towers' ids come back as they are (theirs pool at a fixed position and a causal mask of full length)."""
+    if not is_hf_text(clip) or ids.ndim != 2:
+        return ids
+    used = (ids != clip.text.config.pad_token_id).any(0).nonzero()
+    return ids[:, :int(used.max()) + 1] if len(used) else ids[:, :1]
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """What the model expects of an image: square size, normalisation, resize mode."""
@@ -171,7 +188,7 @@ class VisionBackbone(nn.Module):
         """Normalised text embedding [B, e] (the recovery target and the first-stage query)."""
         if isinstance(texts, str) or any(not isinstance(t, str) for t in texts):
             raise TypeError("encode_text takes a list of strings")
-        ids = self.tokenizer(list(texts)).to(self._mean.device)
+        ids = trim_padding(self.clip, self.tokenizer(list(texts)).to(self._mean.device))
         return F.normalize(self.clip.encode_text(ids).float(), dim=-1)
 
     def _model_input(self, images) -> torch.Tensor:

