@@ -114,8 +114,8 @@ class BackboneTrainConfig:
     # embeddings are computed once (in eval mode, as serving computes them): a step costs the text tower alone.
     lock_image: bool = option(False, help="train the text tower alone on the --init image tower, left unchanged "
                               "(LiT); image embeddings are computed once")
-    # LiT's finding: a pretrained text tower gains most when it is trained too, and its top layers carry most of that
-    # at a fraction of the backward pass's cost.
+    # LiT found a pretrained text tower best trained too; training its top layers alone spares most of the backward
+    # pass and keeps the lower layers' reading of words the training captions never show.
     unlocked_text_layers: Optional[int] = option(None, help="with a pretrained (HF) text tower: train only its top N "
                                                  "layers and the projection; the rest stays as pretrained (default: "
                                                  "all of it trains)")
