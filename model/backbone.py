@@ -62,6 +62,11 @@ def trim_padding(clip: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return ids[:, :int(used.max()) + 1] if len(used) else ids[:, :1]
 
 
+def text_embeddings_of_ids(clip: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Normalised float text embeddings [B, e] of token ids through an open_clip model, its padding trimmed first."""
+    return F.normalize(clip.encode_text(trim_padding(clip, ids)).float(), dim=-1)
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """What the model expects of an image: square size, normalisation, resize mode."""
@@ -188,8 +193,7 @@ class VisionBackbone(nn.Module):
         """Normalised text embedding [B, e] (the recovery target and the first-stage query)."""
         if isinstance(texts, str) or any(not isinstance(t, str) for t in texts):
             raise TypeError("encode_text takes a list of strings")
-        ids = trim_padding(self.clip, self.tokenizer(list(texts)).to(self._mean.device))
-        return F.normalize(self.clip.encode_text(ids).float(), dim=-1)
+        return text_embeddings_of_ids(self.clip, self.tokenizer(list(texts)).to(self._mean.device))
 
     def _model_input(self, images) -> torch.Tensor:
         """uint8 [B, H, W, 3] images are normalised here; float [B, 3, S, S] are taken as already normalised."""

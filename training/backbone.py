@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from edje.model.backbone import is_hf_text, trim_padding
+from edje.model.backbone import is_hf_text, text_embeddings_of_ids
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
@@ -323,7 +323,7 @@ def with_orientation_negatives(clip: torch.nn.Module, img: torch.Tensor, txt: to
     take = negatives.draw(caption_rows, rng)
     if not len(take):
         return by_image, target, img.new_zeros(())
-    flipped = F.normalize(clip.encode_text(trim_padding(clip, negatives.token_ids(caption_rows[take]))), dim=-1)
+    flipped = text_embeddings_of_ids(clip, negatives.token_ids(caption_rows[take]))
     extra = clip.logit_scale.exp() * img @ flipped.T
     margin = img.new_zeros(())
     if text_margin is not None:  # in logit units, as the contrastive loss counts (the scale itself left alone)
@@ -371,8 +371,7 @@ def text_embeddings(clip: torch.nn.Module, tokenizer, captions: list, batch: int
     """Normalised text embeddings of captions, in eval mode."""
     clip.eval()
     device = next(clip.parameters()).device
-    return torch.cat([F.normalize(clip.encode_text(trim_padding(clip, tokenizer(captions[i:i + batch]).to(device))),
-                                  dim=-1)
+    return torch.cat([text_embeddings_of_ids(clip, tokenizer(captions[i:i + batch]).to(device))
                       for i in range(0, len(captions), batch)]).cpu().numpy()
 
 
@@ -390,8 +389,8 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     if cfg.init:
         other = load_init(clip, cfg.init, cfg.model, cfg.lock_image)
         if other:
-            fresh = "a pretrained" if is_hf_text(clip) else "a fresh"
-            log(f"the image tower of {other} from {cfg.init}, locked; {fresh} {cfg.model} text tower")
+            start = "a pretrained" if is_hf_text(clip) else "a fresh"
+            log(f"the image tower of {other} from {cfg.init}, locked; {start} {cfg.model} text tower")
     if cfg.unlocked_text_layers is not None:
         if not is_hf_text(clip):
             raise ValueError(f"--unlocked-text-layers keeps a pretrained text tower's lower layers: {cfg.model}'s text "
@@ -503,7 +502,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
                 img = locked.batch(idx, again)
             else:
                 img = F.normalize(clip.encode_image(preprocess(clip, pixels)), dim=-1)
-            txt = F.normalize(clip.encode_text(trim_padding(clip, ids)), dim=-1)
+            txt = text_embeddings_of_ids(clip, ids)
             logits = clip.logit_scale.exp() * txt @ img.T  # [caption, image]
             eye = torch.eye(len(source), dtype=torch.bool, device=device)
             positive = eye.clone()
