@@ -25,6 +25,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "quickstart": ("edje.jobs.quickstart", "the whole loop on the embedded sample world, on one machine"),
     "sampleworld": ("edje.sampleworld.cli", "generate or serve the embedded sample world"),
     "train-backbone": ("edje.jobs.train_backbone", "train the small stand-in backbone on a sample world"),
+    "distill-text-tower": ("edje.jobs.distill_text_tower", "distil a backbone's text tower into a pretrained language "
+                           "model's, on captions alone"),
 }
 
 

@@ -31,6 +31,7 @@ JOBS: Dict[str, str] = {
     "compress": "edje.jobs.compress",
     "evaluate": "edje.jobs.evaluate",
     "train_backbone": "edje.jobs.train_backbone",
+    "distill_text_tower": "edje.jobs.distill_text_tower",
 }
 
 
@@ -183,6 +184,14 @@ ARGV: Dict[str, List[List[str]]] = {
          "--storage-path", "s", "--name", "n", "--checkpoint-every", "11"],
         ["--train", "tr.json", "--output", "o.safetensors"],
     ],
+    "distill_text_tower": [
+        ["--teacher", "t.safetensors", "--train", "a.json", "b.json", "--output", "o.safetensors", "--model", "m",
+         "--init", "i.safetensors", "--eval", "ev.json", "--epochs", "3", "--batch-size", "16", "--lr", "0.01",
+         "--weight-decay", "0.2", "--warmup-steps", "5", "--seed", "4", "--eval-every", "2",
+         "--unlocked-text-layers", "2", "--text-augment", "0.5", "--text-augment-ops", "punctuate", "--device", "cpu",
+         "--storage-path", "s", "--name", "n", "--checkpoint-every", "11", "--threads", "3"],
+        ["--teacher", "t.safetensors", "--train", "a.json", "--output", "o.safetensors"],
+    ],
 }
 
 # Files the command lines above name, made in a fresh folder: serve expands its paths and reads its --config.
@@ -232,6 +241,8 @@ def job_config(job: str, argv: List[str]) -> str:
                              mock.patch("edje.evaluation.compare.compare", _stop(record, "compare"))],
         "train_backbone": lambda: [mock.patch.object(module, "train_backbone", _stop(record, "run")),
                                    mock.patch.object(module.torch, "set_num_threads", _keep(record, "threads"))],
+        "distill_text_tower": lambda: [mock.patch.object(module, "distill_text_tower", _stop(record, "run")),
+                                       mock.patch.object(module.torch, "set_num_threads", _keep(record, "threads"))],
     }.get(job, lambda: [mock.patch("edje.training.launch._language_model_files", _keep(record, "cfg")),
                         mock.patch("ray.init", _stop(record, "ray_init"))])()
     for p in patches:

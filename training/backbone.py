@@ -39,6 +39,27 @@ from edje.training.orientation_negatives import OrientationNegatives
 open_clip = open_clip_registry()  # backbone training builds open_clip models by the project's config names
 
 
+def device_option():
+    """The `--device` option of a trainer: auto (cuda when visible, else cpu) or a torch device."""
+    return option(None, cli_default="auto", help="auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
+
+
+def storage_path_option():
+    """The `--storage-path` option of a resumable trainer."""
+    return option(None, help="folder that keeps the run's checkpoint; rerunning the same command resumes from it, with "
+                  "the same batches from there on as a run never stopped")
+
+
+def run_name_option():
+    """The `--name` option of a resumable trainer: its subfolder of the storage path."""
+    return option(None, help="the run's subfolder of --storage-path (default: the --output file's stem)")
+
+
+def checkpoint_every_option():
+    """The `--checkpoint-every` option of a resumable trainer."""
+    return option(100, help="steps between checkpoints (with --storage-path; also one at the end)")
+
+
 @dataclass(frozen=True)
 class BackboneTrainConfig:
     """What to train on, for how long, and where the fp16 safetensors checkpoint goes."""
@@ -100,16 +121,14 @@ class BackboneTrainConfig:
                                                       "cosine (e.g. 0.9)")
     # Where to train: None/"auto" = cuda when visible, else cpu (model/device.py). Runs are reproducible
     # bit for bit per device and thread count, not across devices.
-    device: Optional[str] = option(None, cli_default="auto",
-                                   help="auto (cuda when visible, else cpu), cpu, cuda, cuda:N")
+    device: Optional[str] = device_option()
     # Resumable runs: given storage_path, everything the rest of the run depends on (weights, optimiser,
     # LR schedule, RNG states, epoch, step and the epoch's batch plan) is written atomically to
     # storage_path/name every `checkpoint_every` steps and at the end, and a rerun of the same config
     # there resumes from it. name defaults to the output file's stem.
-    storage_path: Optional[str] = option(None, help="folder that keeps the run's checkpoint; rerunning the same command "
-                                         "resumes from it, with the same batches from there on as a run never stopped")
-    name: Optional[str] = option(None, help="the run's subfolder of --storage-path (default: the --output file's stem)")
-    checkpoint_every: int = option(100, help="steps between checkpoints (with --storage-path; also one at the end)")
+    storage_path: Optional[str] = storage_path_option()
+    name: Optional[str] = run_name_option()
+    checkpoint_every: int = checkpoint_every_option()
     # LiT (Zhai et al., 2022): the image tower stays as --init wrote it, so tables encoded with it stay valid, and its
     # embeddings are computed once (in eval mode, as serving computes them): a step costs the text tower alone.
     lock_image: bool = option(False, help="train the text tower alone on the --init image tower, left unchanged "
@@ -174,8 +193,9 @@ def save_training_state(folder: Path, state: Dict) -> Path:
     return path
 
 
-def load_training_state(folder: Path, cfg: BackboneTrainConfig) -> Optional[Dict]:
-    """The run's checkpoint, or None when it has none; ValueError when it was written by a different recipe."""
+def load_training_state(folder: Path, cfg, may_change: frozenset = RESUME_MAY_CHANGE) -> Optional[Dict]:
+    """The run's checkpoint, or None when it has none; ValueError when it was written by a different recipe (an
+    option of the config dataclass ``cfg``, other than those in ``may_change``, set otherwise)."""
     path = folder / CHECKPOINT
     if not path.exists():
         return None
@@ -183,13 +203,26 @@ def load_training_state(folder: Path, cfg: BackboneTrainConfig) -> Optional[Dict
     now = asdict(cfg)
     saved = state["config"]
     # An option newer than the checkpoint: its run had the option's default.
-    defaults = {f.name: f.default for f in fields(BackboneTrainConfig)}
+    defaults = {f.name: f.default for f in fields(type(cfg))}
     differ = [f"{k}: {saved.get(k, defaults[k])!r} there, {v!r} now" for k, v in now.items()
-              if k not in RESUME_MAY_CHANGE and saved.get(k, defaults[k]) != v]
+              if k not in may_change and saved.get(k, defaults[k]) != v]
     if differ:
         raise ValueError(f"{path} was written by a different run ({'; '.join(differ)}); "
                          "use another storage path or name to start afresh")
     return state
+
+
+def adamw_warmup_cosine(model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, total: int):
+    """AdamW over the trainable parameters (no decay on biases, norms and embeddings) and its schedule: a linear
+    warm-up, then a cosine to zero at step ``total``."""
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trained if p.ndim >= 2 and "embedding" not in n]
+    no_decay = [p for n, p in trained if not (p.ndim >= 2 and "embedding" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup_steps)
+                                              * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    return opt, sched
 
 
 def preprocess(clip: torch.nn.Module, images_u8) -> torch.Tensor:
@@ -425,13 +458,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         evaluation = (ev, torch.from_numpy(load_image_files(ev.image_paths, size)).to(device))
     steps_per_epoch = math.ceil(train.num_images / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
-    trained = [(n, p) for n, p in clip.named_parameters() if p.requires_grad]
-    decay = [p for n, p in trained if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in trained if not (p.ndim >= 2 and "embedding" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps)
-                                              * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    opt, sched = adamw_warmup_cosine(clip, cfg.lr, cfg.weight_decay, cfg.warmup_steps, total)
     log(f"training {cfg.model}: {train.num_images} images, {len(train.captions)} captions, "
         f"{steps_per_epoch} steps/epoch x {cfg.epochs} epochs")
     history, start, step, wall_before, record = [], time.time(), 0, 0.0, None
@@ -554,14 +581,15 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
         if folder and (checkpoint_due or epoch + 1 == last):
             checkpoint(epoch + 1, 0, None, [])
         if "recall" in row or epoch + 1 == last:  # a usable checkpoint early; the last overwrites it
-            record = _save(clip, cfg, history, wall_before + time.time() - start, done=epoch + 1 == last)
+            record = save_backbone(clip, cfg, history, wall_before + time.time() - start, done=epoch + 1 == last)
     if record is None:  # resumed after its last epoch: nothing left to train, the weights are the checkpoint's
-        record = _save(clip, cfg, history, wall_before, done=True)
+        record = save_backbone(clip, cfg, history, wall_before, done=True)
     return record
 
 
-def _save(clip: torch.nn.Module, cfg: BackboneTrainConfig, history: list, wall: float, done: bool) -> Dict:
-    """Write the fp16 safetensors checkpoint and its JSON record (config, wall time, recall history)."""
+def save_backbone(clip: torch.nn.Module, cfg, history: list, wall: float, done: bool) -> Dict:
+    """Write the fp16 safetensors checkpoint of a training config's ``output`` and its JSON record (config, wall time,
+    recall history)."""
     out = Path(cfg.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     # fp16 storage keeps the file under 10 MB; open_clip upcasts when it loads the state dict.
