@@ -17,6 +17,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 from edje.model.backbone import is_hf_text, text_embeddings_of_ids
@@ -30,6 +31,7 @@ from edje.training.backbone import (
     adamw_warmup_cosine,
     checkpoint_every_option,
     device_option,
+    image_embeddings,
     image_size,
     load_init,
     load_training_state,
@@ -77,6 +79,11 @@ class TextDistillConfig:
                                                choices=list(ALL_OPERATIONS), convert=tuple,
                                                help="the rewrites --text-augment draws from (a swap can change what a "
                                                "caption says: not in the default)")
+    # The cosine treats every direction alike; the first stage needs the teacher's order of images, twins included.
+    image_bank: Optional[str] = option(None, help="annotation JSON whose images, embedded once by the teacher's image "
+                                       "tower, make a bank: the student's softmax over it (at the teacher's "
+                                       "temperature) also learns the teacher's, by KL (twins then count)")
+    bank_weight: float = option(1.0, help="weight of that KL beside the cosine (with --image-bank)")
     device: Optional[str] = device_option()
     storage_path: Optional[str] = storage_path_option()
     name: Optional[str] = run_name_option()
@@ -88,6 +95,8 @@ class TextDistillConfig:
         if not 0.0 <= self.text_augment <= 1.0:
             raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
         check_operations(self.text_augment_ops)
+        if self.bank_weight < 0:
+            raise ValueError(f"bank_weight must be >= 0, got {self.bank_weight}")
 
 
 # What a resumed run may change: where it writes and what it evaluates, never what it trains on or how.
@@ -158,6 +167,14 @@ def distill_text_tower(cfg: TextDistillConfig, log: Callable[[str], None] = prin
     targets = torch.from_numpy(text_embeddings(teacher, open_clip.get_tokenizer(teacher_name), captions)).to(device)
     ids = tokenizer(captions).to(device)  # pre-tokenised once; rewritten rows again per batch
     lengths = (ids != student.text.config.pad_token_id).sum(1).cpu().numpy()
+    bank = None
+    if cfg.image_bank:
+        paths = load_annotations(cfg.image_bank).image_paths
+        pixels = torch.from_numpy(load_image_files(paths, image_size(teacher))).to(device)
+        bank = torch.from_numpy(image_embeddings(teacher, pixels)).to(device)
+        del pixels  # the bank keeps only the embeddings
+        scale = float(teacher.logit_scale.detach().exp())
+        log(f"an image bank of {len(bank)} images from {cfg.image_bank}, at the teacher's scale {scale:.1f}")
     evaluation = None
     if cfg.eval_annotations:
         ev = load_annotations(cfg.eval_annotations)
@@ -209,7 +226,12 @@ def distill_text_tower(cfg: TextDistillConfig, log: Callable[[str], None] = prin
                 if rows:
                     batch_ids[rows] = tokenizer([rewritten[r] for r in rows]).to(device)
             # 1 - cosine to the teacher's unit embedding: what the first stage's ranking reads.
-            loss = (1 - (text_embeddings_of_ids(student, batch_ids) * targets[idx]).sum(-1)).mean()
+            own = text_embeddings_of_ids(student, batch_ids)
+            loss = (1 - (own * targets[idx]).sum(-1)).mean()
+            if bank is not None:
+                teacher_order = F.softmax(scale * targets[idx] @ bank.T, dim=-1)
+                loss = loss + cfg.bank_weight * F.kl_div(F.log_softmax(scale * own @ bank.T, dim=-1), teacher_order,
+                                                         reduction="batchmean")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
