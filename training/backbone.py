@@ -212,6 +212,25 @@ def load_training_state(folder: Path, cfg, may_change: frozenset = RESUME_MAY_CH
     return state
 
 
+def trainer_state(model: torch.nn.Module, opt, sched, rng: np.random.Generator, device: torch.device) -> Dict:
+    """The weights, optimiser, schedule and every RNG state a resumed run needs to go on as if never stopped."""
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else []}
+
+
+def restore_trainer_state(state: Dict, model: torch.nn.Module, opt, sched, rng: np.random.Generator,
+                          device: torch.device) -> None:
+    """Put back what `trainer_state` saved."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    rng.bit_generator.state = state["numpy_rng"]
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and state["cuda_rng"]:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
 def adamw_warmup_cosine(model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, total: int):
     """AdamW over the trainable parameters (no decay on biases, norms and embeddings) and its schedule: a linear
     warm-up, then a cosine to zero at step ``total``."""
@@ -466,13 +485,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     folder = run_folder(cfg)
     resume = load_training_state(folder, cfg) if folder else None
     if resume is not None:
-        clip.load_state_dict(resume["model"])
-        opt.load_state_dict(resume["optimizer"])
-        sched.load_state_dict(resume["scheduler"])
-        rng.bit_generator.state = resume["numpy_rng"]
-        torch.set_rng_state(resume["torch_rng"])
-        if device.type == "cuda" and resume["cuda_rng"]:
-            torch.cuda.set_rng_state_all(resume["cuda_rng"])
+        restore_trainer_state(resume, clip, opt, sched, rng, device)
         history, step, wall_before = resume["history"], resume["step"], resume["wall_s"]
         first_epoch, batches_done, losses = resume["epoch"], resume["batch"], resume["losses"]
         if resume["plan"] is not None:
@@ -485,9 +498,7 @@ def train_backbone(cfg: BackboneTrainConfig, log: Callable[[str], None] = print)
     def checkpoint(epoch: int, batch: int, plan, losses: list) -> None:
         """Everything the rest of the run depends on, at `batch` batches into 0-based `epoch` (plan None: not drawn)."""
         save_training_state(folder, {
-            "config": asdict(cfg), "model": clip.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+            "config": asdict(cfg), **trainer_state(clip, opt, sched, rng, device),
             "epoch": epoch, "batch": batch, "step": step, "losses": list(losses), "history": history,
             "plan": None if plan is None else {"caption_pick": torch.from_numpy(plan[0]),
                                                "batches": [torch.from_numpy(b) for b in plan[1]]},

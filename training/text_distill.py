@@ -36,12 +36,14 @@ from edje.training.backbone import (
     load_init,
     load_training_state,
     lock_lower_text_layers,
+    restore_trainer_state,
     run_folder,
     run_name_option,
     save_backbone,
     save_training_state,
     storage_path_option,
     text_embeddings,
+    trainer_state,
     zero_shot_recall,
 )
 
@@ -189,13 +191,7 @@ def distill_text_tower(cfg: TextDistillConfig, log: Callable[[str], None] = prin
     folder = run_folder(cfg)
     resume = load_training_state(folder, cfg, RESUME_MAY_CHANGE) if folder else None
     if resume is not None:
-        student.load_state_dict(resume["model"])
-        opt.load_state_dict(resume["optimizer"])
-        sched.load_state_dict(resume["scheduler"])
-        rng.bit_generator.state = resume["numpy_rng"]
-        torch.set_rng_state(resume["torch_rng"])  # the language model's dropout
-        if device.type == "cuda" and resume["cuda_rng"]:
-            torch.cuda.set_rng_state_all(resume["cuda_rng"])
+        restore_trainer_state(resume, student, opt, sched, rng, device)  # torch's RNG: the language model's dropout
         history, step, wall_before = resume["history"], resume["step"], resume["wall_s"]
         first_epoch, batches_done, losses = resume["epoch"], resume["batch"], resume["losses"]
         order = None if resume["order"] is None else resume["order"].numpy()
@@ -205,9 +201,7 @@ def distill_text_tower(cfg: TextDistillConfig, log: Callable[[str], None] = prin
     def checkpoint(epoch: int, batch: int) -> None:
         """Everything the rest of the run depends on, at `batch` batches into 0-based `epoch`."""
         save_training_state(folder, {
-            "config": asdict(cfg), "model": student.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [], "epoch": epoch, "batch": batch,
+            "config": asdict(cfg), **trainer_state(student, opt, sched, rng, device), "epoch": epoch, "batch": batch,
             "step": step, "losses": list(losses), "history": history,
             "order": None if order is None else torch.from_numpy(order), "wall_s": wall_before + time.time() - start})
 
