@@ -22,6 +22,7 @@ from PIL import Image
 
 from edje.model.device import pick_device
 from edje.model.edje import read_checkpoint_config
+from edje.model.ranking import write_ranking
 from edje.model.scoring import PairScorer
 from edje.model.token_encoder import EncodedImages, TokenEncoder
 from edje.schemas.config import BackboneConfig, CodecConfig, EDJEConfig, from_dict
@@ -95,6 +96,16 @@ class EDJEReranker:
             # Relative to the folder, so that it travels with it.
             meta["config"]["backbone"]["pretrained"] = f"{BACKBONE_DIR}/{Path(weights).name}"
             (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        towers = []  # the rule's query towers travel the same way
+        for tower in self.ranking.query_towers:
+            path = find_weights(tower.pretrained, checkpoint=self.path)
+            if path and os.path.isfile(path):
+                (out / BACKBONE_DIR).mkdir(exist_ok=True)
+                shutil.copy2(path, out / BACKBONE_DIR / Path(path).name)
+                tower = dataclasses.replace(tower, pretrained=f"{BACKBONE_DIR}/{Path(path).name}")
+            towers.append(tower)
+        if towers:
+            write_ranking(str(out), dataclasses.replace(self.ranking, query_towers=tuple(towers)))
         return str(out)
 
     # ----- images ------------------------------------------------------------------------------------------
@@ -104,6 +115,8 @@ class EDJEReranker:
         if self._encoder is None:
             self._encoder = TokenEncoder.create(self.backbone_config, self.scorer.model.adapter,
                                                 CodecConfig(self.quant, self.group_size), self.scorer.device)
+            # The rule's cosine is the first stage's: the query towers it was fitted with join the text tower.
+            self._encoder.backbone.join_query_towers(self.scorer.ranking.query_towers, self.path)
         return self._encoder
 
     def encode_images(self, images: Sequence[Document], batch_size: int = 64) -> EncodedImages:

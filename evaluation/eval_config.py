@@ -36,6 +36,12 @@ class EvalConfig:
         "word swap, deletion or punctuation (EDA/AEDA) before fitting, so the fit meets wordings the first stage "
         "reads less well (the calibration fitted with it is then over those captions: refit it with "
         "--fit-calibration on the captions as written)")
+    query_towers: List[str] = option(
+        default_factory=list, flag="--query-tower", nargs="+", metavar="NAME[=WEIGHTS]",
+        help="with --fit-first-stage-weight: text towers over the tables' image space (a student of `edje "
+        "distill-text-tower`) whose query embeddings, each times --query-tower-weight, join the backbone's; "
+        "recorded in the checkpoint's rule, where evaluation and serving read them")
+    query_tower_weight: float = option(1.0, help="each --query-tower's weight beside the backbone's own text tower")
     # Fitting the weight always refits it: a calibration belongs to one weight.
     fit_calibration: bool = option(
         False, help="fit the Platt scaling of the checkpoint's ranking score on these annotations (use a validation "
@@ -75,5 +81,7 @@ class EvalConfig:
             raise ValueError("--fit-confidence-switch and --fit-caption-augment apply to --fit-first-stage-weight")
         if not 0.0 <= self.fit_caption_augment <= 1.0:
             raise ValueError(f"fit_caption_augment must be in [0, 1], got {self.fit_caption_augment}")
+        if self.query_towers and not self.fit_first_stage_weight:
+            raise ValueError("--query-tower applies to --fit-first-stage-weight (the rule is fitted with the towers)")
         if self.fit_calibration and self.first_stage_weight is not None:
             raise ValueError("calibration is fitted for the recorded (or fitted) weight, not a command-line override")

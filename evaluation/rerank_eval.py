@@ -8,6 +8,7 @@ codec, to measure int8/int4 storage); compressed tables' tokens go straight to t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -28,7 +29,7 @@ from edje.evaluation.scene_pairs import pairs_by_scene
 from edje.model.backbone import VisionBackbone
 from edje.model.device import pick_device
 from edje.model.edje import load_checkpoint
-from edje.model.ranking import RankingConfig, read_ranking, write_ranking
+from edje.model.ranking import QueryTower, RankingConfig, read_ranking, write_ranking
 from edje.model.recall import KS, i2t_answers, recall, t2i_answers
 from edje.model.scoring import PairScorer
 from edje.sampleworld.registry import scene_from_json
@@ -37,6 +38,7 @@ from edje.schemas.annotations import Annotations, load_annotations
 from edje.schemas.codecs import TokenCodec
 from edje.schemas.config import CodecConfig
 from edje.schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
+from edje.schemas.weights import find_weights, weights_sha256
 from edje.storage.embedding_index import EmbeddingIndex
 
 
@@ -102,6 +104,15 @@ def progress_printer(label: str, total: int, every_s: float = 10.0):
     return report
 
 
+def query_towers(cfg: EvalConfig) -> Tuple[QueryTower, ...]:
+    """The text towers joining the backbone's in embedding queries: those given to fit the rule with (pinned to
+    their weights' sha256), else the checkpoint's rule's."""
+    if cfg.query_towers:
+        return tuple(dataclasses.replace(t, weights_sha256=weights_sha256(find_weights(t.pretrained)))
+                     for t in (QueryTower.parse(s, cfg.query_tower_weight) for s in cfg.query_towers))
+    return read_ranking(cfg.checkpoint).query_towers if cfg.checkpoint else ()
+
+
 def evaluate(cfg: EvalConfig) -> Dict:
     """Run the evaluation; write metrics.json, metrics.md, run.json and (examples > 0) examples.png to cfg.output."""
     if cfg.threads:
@@ -124,7 +135,9 @@ def evaluate(cfg: EvalConfig) -> Dict:
     rows = select_rows(ann, table.column("image_id").to_pylist())
     table = table.take(rows)
     image_emb = vector_matrix(table.column("image_embedding"))
+    towers = query_towers(cfg)
     backbone = VisionBackbone.create(meta.first_stage_backbone(cfg.backbone_pretrained), device=device)
+    backbone.join_query_towers(towers, cfg.checkpoint)
     text_emb = np.concatenate([backbone.encode_text(ann.captions[i:i + 512]).cpu().numpy()
                                for i in range(0, len(ann.captions), 512)])
     if text_emb.shape[1] != image_emb.shape[1]:
@@ -167,9 +180,10 @@ def evaluate(cfg: EvalConfig) -> Dict:
 
         if cfg.fit_first_stage_weight:
             ranking, sweep = fit_first_stage_weight(splits, str(cfg.annotations), cfg.fit_confidence_switch)
+            ranking = dataclasses.replace(ranking, query_towers=towers)
             timings["first_stage_weight_sweep"] = sweep
         elif cfg.first_stage_weight is not None:
-            ranking = RankingConfig(cfg.first_stage_weight, chosen_on="given on the command line")
+            ranking = RankingConfig(cfg.first_stage_weight, chosen_on="given on the command line", query_towers=towers)
         else:
             ranking = read_ranking(cfg.checkpoint)
         pair_scores = np.concatenate([s.rule(ranking).fuse(s.itm, s.sim).ravel() for s in splits])

@@ -99,6 +99,7 @@ class VisionBackbone(nn.Module):
             interpolation=pp.get("interpolation", "bicubic"), resize_mode=pp.get("resize_mode", "shortest"),
         )
         self._tokenizer = None
+        self._query_towers: list = []  # (VisionBackbone, weight): see join_query_towers
         blocks = self.visual.trunk.blocks if self.is_timm else self.visual.transformer.resblocks
         self.num_blocks = len(blocks)
         # Buffers and the probe live where the weights already are: open_clip.create_model(device=...)
@@ -193,7 +194,28 @@ class VisionBackbone(nn.Module):
         """Normalised text embedding [B, e] (the recovery target and the first-stage query)."""
         if isinstance(texts, str) or any(not isinstance(t, str) for t in texts):
             raise TypeError("encode_text takes a list of strings")
-        return text_embeddings_of_ids(self.clip, self.tokenizer(list(texts)).to(self._mean.device))
+        own = text_embeddings_of_ids(self.clip, self.tokenizer(list(texts)).to(self._mean.device))
+        if not self._query_towers:
+            return own
+        return F.normalize(own + sum(w * t.encode_text(texts).to(own.device) for t, w in self._query_towers), dim=-1)
+
+    def join_query_towers(self, towers: Sequence, checkpoint: Optional[str] = None) -> "VisionBackbone":
+        """This backbone with other text towers (model/ranking.py QueryTower) joining its text embeddings:
+        normalise(own + the sum of each tower's weight x its unit embedding). A tower must share this image tower
+        (as `edje distill-text-tower`'s students do), checked on a probe image; its own copy is then dropped.
+        Weight files are found as every job finds them (beside `checkpoint` first)."""
+        size = self.preprocess.size
+        probe = (torch.arange(size * size * 3) * 7919 % 251).to(torch.uint8).view(1, size, size, 3)
+        mine = self.encode_image(probe)
+        for t in towers:
+            tower = VisionBackbone.create(t.backbone_config(checkpoint), device=self._mean.device)
+            if tower.embed_dim != self.embed_dim or not torch.allclose(tower.encode_image(probe), mine, atol=1e-4):
+                raise ValueError(f"query tower {t.name} ({t.pretrained}) embeds images otherwise than the backbone "
+                                 f"{self.config.name} ({self.config.pretrained}): a query tower must share its image "
+                                 f"tower, as a student of `edje distill-text-tower` does")
+            tower.clip.visual = tower.visual = None  # only its text tower is read
+            self._query_towers.append((tower, float(t.weight)))
+        return self
 
     def _model_input(self, images) -> torch.Tensor:
         """uint8 [B, H, W, 3] images are normalised here; float [B, 3, S, S] are taken as already normalised."""

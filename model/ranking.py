@@ -14,6 +14,11 @@ A rule may also switch its weight on the first stage's confidence in a text quer
 candidate's cosine is below a threshold, the cosine is added with a lower weight. A first stage is least sure of the
 wordings its text tower reads least well, and there its cosine misleads the fused score more than it helps. An image
 query (image-to-text ranking) fuses with the one weight: its confidence says nothing of a wording.
+
+A rule may also name query towers: text towers over the tables' image space (students of `edje distill-text-tower`,
+which keep the backbone's image tower bit for bit) whose unit embeddings of a query, each times its weight, join the
+backbone's own before renormalising. The first stage then searches with that vector, and the fused cosine is its
+cosine, so the towers belong to the rule: its weights were fitted on that cosine.
 """
 from __future__ import annotations
 
@@ -21,12 +26,42 @@ import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Hashable, Optional, Sequence
+from typing import Hashable, Optional, Sequence, Tuple
 
 import fsspec
 import numpy as np
 
 RANKING_KEY = "ranking"
+
+
+@dataclass(frozen=True)
+class QueryTower:
+    """A text tower joining the backbone's in embedding a query: open_clip model `name`, its weights, its weight."""
+
+    name: str
+    pretrained: Optional[str] = None
+    weight: float = 1.0
+    weights_sha256: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"query tower {self.name}: weight must be a finite number > 0, got {self.weight}")
+
+    def backbone_config(self, checkpoint: Optional[str] = None):
+        """The tower as a BackboneConfig, its weight file found as every job finds one (beside `checkpoint` first)."""
+        from edje.schemas.config import BackboneConfig
+        from edje.schemas.weights import find_weights
+
+        return BackboneConfig(self.name, find_weights(self.pretrained, checkpoint=checkpoint),
+                              weights_sha256=self.weights_sha256)
+
+    @classmethod
+    def parse(cls, spec: str, weight: float = 1.0) -> "QueryTower":
+        """A tower from `NAME` or `NAME=WEIGHTS` (a command line's form)."""
+        name, _, pretrained = spec.partition("=")
+        if not name:
+            raise ValueError(f"a query tower is NAME or NAME=WEIGHTS, got {spec!r}")
+        return cls(name, pretrained or None, weight)
 
 
 @dataclass(frozen=True)
@@ -43,8 +78,13 @@ class RankingConfig:
     # with the low weight; None = one weight for every query.
     low_confidence_weight: Optional[float] = None
     confidence_threshold: Optional[float] = None
+    # Text towers whose query embeddings join the backbone's (the first stage's query, and so the fused cosine).
+    query_towers: Tuple[QueryTower, ...] = ()
 
     def __post_init__(self) -> None:
+        # config.json holds them as a list of objects
+        object.__setattr__(self, "query_towers", tuple(t if isinstance(t, QueryTower) else QueryTower(**t)
+                                                       for t in self.query_towers))
         for name in ("first_stage_weight", "low_confidence_weight"):
             w = getattr(self, name)
             if w is not None and not (np.isfinite(w) and w >= 0):
@@ -87,10 +127,15 @@ class RankingConfig:
     def formula(self) -> str:
         """The ranking score in words ("ITM logit + 64 x first-stage cosine")."""
         if self.switched:
-            return (f"ITM logit + w x first-stage cosine, w = {self.first_stage_weight:g}, or "
-                    f"{self.low_confidence_weight:g} for a text query whose best candidate's cosine is below "
-                    f"{self.confidence_threshold:.4g}")
-        return "ITM logit" + (f" + {self.first_stage_weight:g} x first-stage cosine" if self.first_stage_weight else "")
+            score = (f"ITM logit + w x first-stage cosine, w = {self.first_stage_weight:g}, or "
+                     f"{self.low_confidence_weight:g} for a text query whose best candidate's cosine is below "
+                     f"{self.confidence_threshold:.4g}")
+        else:
+            score = "ITM logit" + (f" + {self.first_stage_weight:g} x first-stage cosine" if self.first_stage_weight else "")
+        if not self.query_towers:
+            return score
+        return score + "; queries embedded by the backbone's text tower + " + " + ".join(
+            f"{t.weight:g} x {t.name}" + (f" ({t.pretrained})" if t.pretrained else "") for t in self.query_towers)
 
     def describe(self) -> str:
         """The rule in words (GET /v1/info, reports)."""

@@ -17,6 +17,7 @@ from typing import Any, Dict
 
 from ray.serve import Application
 
+from edje.model.ranking import read_ranking
 from edje.serving.config import ServeConfig
 from edje.serving.deployments import FirstStageDeployment, MinerDeployment
 from edje.serving.ingress import Ingress
@@ -38,9 +39,9 @@ def check_tables(config: ServeConfig) -> None:
 
 
 def check_models(config: ServeConfig) -> None:
-    """Refuse, before deploying anything, a backbone the tables name that cannot be had here (CheckpointNotFound:
-    one line naming it and why). Nothing large is downloaded: each replica loads the weights itself, at the
-    commit the tables record."""
+    """Refuse, before deploying anything, a backbone the tables name (or a query tower the rule names) that cannot
+    be had here (CheckpointNotFound: one line naming it and why). Nothing large is downloaded: each replica loads
+    the weights itself, at the commit the tables record."""
     from edje.model.backbone_weights import resolve
     from edje.schemas.token_table import read_metadata
 
@@ -52,6 +53,9 @@ def check_models(config: ServeConfig) -> None:
             if backbone not in seen:
                 seen.add(backbone)
                 resolve(backbone, fetch_weights=False)
+    if config.checkpoint is not None:  # and the text towers the rule's queries are embedded by
+        for tower in read_ranking(config.checkpoint).query_towers:
+            resolve(tower.backbone_config(config.checkpoint), fetch_weights=False)
 
 
 def build(config: ServeConfig) -> Application:
@@ -62,6 +66,7 @@ def build(config: ServeConfig) -> Application:
     threads = config.torch_threads or 1
     rerankers, first_stages = [], []
     if config.checkpoint is not None:
+        towers = read_ranking(config.checkpoint).query_towers  # the rule's cosine is the first stage's
         for s in range(config.shards):
             shard = config.for_shard(s)
             suffix = "" if config.shards == 1 else f"-{s}"  # one deployment per shard: Serve routes within it
@@ -70,7 +75,8 @@ def build(config: ServeConfig) -> Application:
             first_stages.append(FirstStageDeployment.options(
                 name=f"FirstStage{suffix}", **config.first_stage.options(replicas)).bind(
                 list(config.token_tables), config.index_factory, config.backbone_pretrained, threads, shard.live_dir,
-                index_search_params=config.index_search_params, shard=s, num_shards=config.shards))
+                index_search_params=config.index_search_params, shard=s, num_shards=config.shards,
+                query_towers=towers, checkpoint=config.checkpoint))
     # The miner rescores through the reranker that holds each pair's image: the one deployment, or the shard's.
     reranker = None if not rerankers else rerankers[0] if len(rerankers) == 1 else ShardedRerankers(rerankers)
     miner = None

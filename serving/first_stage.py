@@ -32,16 +32,18 @@ from edje.storage.table_cache import is_local
 log = logging.getLogger("ray.serve")
 
 
-def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None, device=None):
+def load_backbone(meta: TableMetadata, pretrained_override: Optional[str] = None, device=None,
+                  query_towers: Sequence = (), checkpoint: Optional[str] = None):
     """The VisionBackbone a table's metadata names (its text tower embeds queries and captions), on `device`
-    (None: cuda when visible, else cpu)."""
+    (None: cuda when visible, else cpu), with a ranking rule's query towers joining its text tower (their weight
+    files found beside `checkpoint` first)."""
     from edje.model.backbone import VisionBackbone
 
     cfg = meta.first_stage_backbone(pretrained_override)
     backbone = VisionBackbone.create(cfg, device=pick_device(device))
     if backbone.embed_dim != meta.embed_dim:
         raise TableMismatchError("embed_dim", meta.embed_dim, backbone.embed_dim, f"backbone {cfg.name}")
-    return backbone
+    return backbone.join_query_towers(query_towers, checkpoint)
 
 
 def embed_texts(backbone, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
@@ -115,7 +117,8 @@ class FirstStage:
 
     def __init__(self, token_tables: Sequence[str], index_factory: str = "Flat", pretrained_override: Optional[str] = None,
                  torch_threads: int = 1, live_dir: Optional[str] = None, device: Optional[str] = None,
-                 index_search_params: str = "", shard: int = 0, num_shards: int = 1):
+                 index_search_params: str = "", shard: int = 0, num_shards: int = 1, query_towers: Sequence = (),
+                 checkpoint: Optional[str] = None):
         torch.set_num_threads(max(1, torch_threads))
         self.device = pick_device(device)  # None: the GPU when this replica was given one
         if index_factory != "Flat" and is_local(token_tables):
@@ -133,7 +136,7 @@ class FirstStage:
                   f"{self.index.recall_vs_exact(10):.3f} (1,000 stored vectors as queries), index {self.index.nbytes():,} B "
                   f"for {len(self.index):,} images", flush=True)
             self.index.release_vectors()  # serve from the codes: the point of a compressed index is its memory
-        self.backbone = load_backbone(meta, pretrained_override, self.device)
+        self.backbone = load_backbone(meta, pretrained_override, self.device, query_towers, checkpoint)
         # Live images: the shared append log (serving/live_images.py), applied now and before each call.
         self.live = LiveLog(live_dir) if live_dir else None
         self.live_offset, self.live_lock = 0, threading.Lock()
