@@ -204,6 +204,8 @@ class VisionBackbone(nn.Module):
         normalise(own + the sum of each tower's weight x its unit embedding). A tower must share this image tower
         (as `edje distill-text-tower`'s students do), checked on a probe image; its own copy is then dropped.
         Weight files are found as every job finds them (beside `checkpoint` first)."""
+        if not towers:
+            return self
         size = self.preprocess.size
         probe = (torch.arange(size * size * 3) * 7919 % 251).to(torch.uint8).view(1, size, size, 3)
         mine = self.encode_image(probe)
