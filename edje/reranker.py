@@ -40,6 +40,16 @@ class UnknownDocument(ValueError):
     """A document that is neither an image nor an id of the opened token tables."""
 
 
+def _carry_weights(path: Optional[str], out: Path) -> Optional[str]:
+    """Copy a local weights file into `out`'s backbone folder; its path relative to `out`, so that it travels with
+    the folder (None: not a local file)."""
+    if not path or not os.path.isfile(path):
+        return None
+    (out / BACKBONE_DIR).mkdir(exist_ok=True)
+    shutil.copy2(path, out / BACKBONE_DIR / Path(path).name)
+    return f"{BACKBONE_DIR}/{Path(path).name}"
+
+
 class EDJEReranker:
     """A reranker over images: `rank(query, documents)` orders images (or stored ids) for a text."""
 
@@ -88,24 +98,16 @@ class EDJEReranker:
         if out.resolve() == Path(self.path).resolve():
             raise ValueError(f"save_pretrained would overwrite the folder it was loaded from: {out}")
         shutil.copytree(self.path, out, dirs_exist_ok=True)
-        weights = self.backbone_config.pretrained
-        if weights and os.path.isfile(weights):
-            (out / BACKBONE_DIR).mkdir(exist_ok=True)
-            shutil.copy2(weights, out / BACKBONE_DIR / Path(weights).name)
+        carried = _carry_weights(self.backbone_config.pretrained, out)
+        if carried:
             meta = json.loads((out / "config.json").read_text())
-            # Relative to the folder, so that it travels with it.
-            meta["config"]["backbone"]["pretrained"] = f"{BACKBONE_DIR}/{Path(weights).name}"
+            meta["config"]["backbone"]["pretrained"] = carried
             (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        towers = []  # the rule's query towers travel the same way
-        for tower in self.ranking.query_towers:
-            path = find_weights(tower.pretrained, checkpoint=self.path)
-            if path and os.path.isfile(path):
-                (out / BACKBONE_DIR).mkdir(exist_ok=True)
-                shutil.copy2(path, out / BACKBONE_DIR / Path(path).name)
-                tower = dataclasses.replace(tower, pretrained=f"{BACKBONE_DIR}/{Path(path).name}")
-            towers.append(tower)
+        towers = self.ranking.query_towers  # the rule's query towers travel the same way
         if towers:
-            write_ranking(str(out), dataclasses.replace(self.ranking, query_towers=tuple(towers)))
+            towers = tuple(dataclasses.replace(t, pretrained=_carry_weights(
+                find_weights(t.pretrained, checkpoint=self.path), out) or t.pretrained) for t in towers)
+            write_ranking(str(out), dataclasses.replace(self.ranking, query_towers=towers))
         return str(out)
 
     # ----- images ------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from edje.schemas.annotations import Annotations, load_annotations
 from edje.schemas.codecs import TokenCodec
 from edje.schemas.config import CodecConfig
 from edje.schemas.token_table import TableMetadata, TableMismatchError, decode_tokens, expand_paths, read_token_tables, vector_matrix
-from edje.schemas.weights import find_weights, weights_sha256
+from edje.schemas.weights import weights_sha256
 from edje.storage.embedding_index import EmbeddingIndex
 
 
@@ -108,7 +108,7 @@ def query_towers(cfg: EvalConfig) -> Tuple[QueryTower, ...]:
     """The text towers joining the backbone's in embedding queries: those given to fit the rule with (pinned to
     their weights' sha256), else the checkpoint's rule's."""
     if cfg.query_towers:
-        return tuple(dataclasses.replace(t, weights_sha256=weights_sha256(find_weights(t.pretrained)))
+        return tuple(dataclasses.replace(t, weights_sha256=weights_sha256(t.pretrained))
                      for t in (QueryTower.parse(s, cfg.query_tower_weight) for s in cfg.query_towers))
     return read_ranking(cfg.checkpoint).query_towers if cfg.checkpoint else ()
 
