@@ -70,6 +70,12 @@ def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: s
             side = fam.get("relation_subsets", {}).get("reranked", {}).get("side: same side")
             if side:
                 row[d]["relation_same_side"] = side["accuracy"]
+    held = m.get("held_out_templates", {}).get("t2i")
+    if held:  # the wordings no training caption shows: a card that omitted them would show only the easier half
+        row["held_out_templates"] = {"queries": held["queries"], "first_stage_r1": held["first_stage"]["r1"],
+                                     "reranked_r1": held["reranked"]["r1"],
+                                     "within_family": held["within_family"]["reranked"]["accuracy"],
+                                     "within_family_first_stage": held["within_family"]["first_stage"]["accuracy"]}
     path = Path(checkpoint) / "config.json"
     meta = json.loads(path.read_text())
     meta["evaluations"] = [e for e in meta.get("evaluations", []) if e["label"] != label] + [row]
@@ -156,6 +162,16 @@ def _body(folder: Path, meta: Dict) -> str:
             lines.append(f"| {e['label']} | {t['first_stage_r1']} -> **{t['reranked_r1']}** | {i['first_stage_r1']} -> "
                          f"{i['reranked_r1']} | {_fmt(t.get('within_family_first_stage'))} -> "
                          f"**{_fmt(t.get('within_family'))}** | {kinds} | {_fmt(t.get('relation_same_side'))} |")
+        held = [e for e in evals if e.get("held_out_templates")]
+        if held:
+            lines += ["", "The same evaluations' text queries written from held-out caption templates alone (wordings "
+                      "no training caption shows):", "",
+                      "| evaluation | queries | T2I R@1 first stage -> reranked | within-family T2I (first stage -> reranked) |",
+                      "| --- | --- | --- | --- |"]
+            for e in held:
+                h = e["held_out_templates"]
+                lines.append(f"| {e['label']} | {h['queries']} | {h['first_stage_r1']} -> **{h['reranked_r1']}** | "
+                             f"{_fmt(h['within_family_first_stage'])} -> **{_fmt(h['within_family'])}** |")
         lines += [""] + [f"- {e['label']}: `{e['command']}`" for e in evals]
     else:
         lines.append("None recorded.")

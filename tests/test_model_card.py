@@ -50,6 +50,23 @@ def test_an_evaluation_is_recorded_and_shown(tmp_path):
     assert "`jobs/quickstart.py --seed 913`" in text
     recorded = json.loads((ckpt / "config.json").read_text())["evaluations"]
     assert [e["label"] for e in recorded][-1] == "seed 913"
+    assert "held-out caption templates" not in text  # none in these metrics: no table of them
+
+
+def test_an_evaluations_held_out_templates_are_shown_beside_its_first_captions(tmp_path):
+    ckpt = tmp_path / "ck"
+    shutil.copytree(SHIPPED[0], ckpt)
+    _write_metrics(tmp_path / "m.json", 77.0, 92.0, (78.0, 93.0), {"noun": 96.0})
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    metrics["held_out_templates"] = {"t2i": {"queries": 956, "first_stage": {"r1": 70.3}, "reranked": {"r1": 86.5},
+                                             "within_family": {"first_stage": {"accuracy": 72.6},
+                                                               "reranked": {"accuracy": 88.6}}}}
+    (tmp_path / "m.json").write_text(json.dumps(metrics))
+    main([str(ckpt), "--add-eval", f"seed 7={tmp_path / 'm.json'}", "--eval-command", "jobs/quickstart.py --seed 7"])
+    text = (ckpt / "README.md").read_text()
+    assert "| seed 7 | 77.0 -> **92.0** |" in text
+    assert "held-out caption templates alone" in text and "| seed 7 | 956 | 70.3 -> **86.5** | 72.6 -> **88.6** |" in text
+    assert (ckpt / "README.md").read_text() == render(str(ckpt))
 
 
 def test_a_caption_only_relation_card_says_its_roles_come_from_english(tmp_path):
