@@ -72,10 +72,11 @@ def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: s
                 row[d]["relation_same_side"] = side["accuracy"]
     held = m.get("held_out_templates", {}).get("t2i")
     if held:  # the wordings no training caption shows: a card that omitted them would show only the easier half
+        fam = held.get("within_family") or {}
         row["held_out_templates"] = {"queries": held["queries"], "first_stage_r1": held["first_stage"]["r1"],
                                      "reranked_r1": held["reranked"]["r1"],
-                                     "within_family": held["within_family"]["reranked"]["accuracy"],
-                                     "within_family_first_stage": held["within_family"]["first_stage"]["accuracy"]}
+                                     "within_family": fam.get("reranked", {}).get("accuracy"),
+                                     "within_family_first_stage": fam.get("first_stage", {}).get("accuracy")}
     path = Path(checkpoint) / "config.json"
     meta = json.loads(path.read_text())
     meta["evaluations"] = [e for e in meta.get("evaluations", []) if e["label"] != label] + [row]
