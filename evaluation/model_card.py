@@ -61,26 +61,30 @@ def record_evaluation(checkpoint: str, label: str, metrics_path: str, command: s
     m = json.loads(Path(metrics_path).read_text())
     row = {"label": label, "command": command}
     for d in ("t2i", "i2t"):
-        row[d] = {"first_stage_r1": m[d]["first_stage"]["r1"], "reranked_r1": m[d]["reranked"]["r1"]}
+        row[d] = _headline(m[d])
         fam = m[d].get("within_family")
         if fam:
-            row[d]["within_family"] = fam["reranked"]["accuracy"]
-            row[d]["within_family_first_stage"] = fam["first_stage"]["accuracy"]
             row[d]["by_kind"] = {k: v["accuracy"] for k, v in fam.get("by_kind", {}).get("reranked", {}).items()}
             side = fam.get("relation_subsets", {}).get("reranked", {}).get("side: same side")
             if side:
                 row[d]["relation_same_side"] = side["accuracy"]
     held = m.get("held_out_templates", {}).get("t2i")
     if held:  # the wordings no training caption shows: a card that omitted them would show only the easier half
-        fam = held.get("within_family") or {}
-        row["held_out_templates"] = {"queries": held["queries"], "first_stage_r1": held["first_stage"]["r1"],
-                                     "reranked_r1": held["reranked"]["r1"],
-                                     "within_family": fam.get("reranked", {}).get("accuracy"),
-                                     "within_family_first_stage": fam.get("first_stage", {}).get("accuracy")}
+        row["held_out_templates"] = {"queries": held["queries"], **_headline(held)}
     path = Path(checkpoint) / "config.json"
     meta = json.loads(path.read_text())
     meta["evaluations"] = [e for e in meta.get("evaluations", []) if e["label"] != label] + [row]
     path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+
+
+def _headline(split: Dict) -> Dict:
+    """A metrics split's R@1 at both stages, and its within-family accuracy at both where its world has families."""
+    row = {"first_stage_r1": split["first_stage"]["r1"], "reranked_r1": split["reranked"]["r1"]}
+    fam = split.get("within_family")
+    if fam:
+        row["within_family"] = fam["reranked"]["accuracy"]
+        row["within_family_first_stage"] = fam["first_stage"]["accuracy"]
+    return row
 
 
 def card_data(name: str, meta: Dict) -> ModelCardData:
@@ -172,7 +176,7 @@ def _body(folder: Path, meta: Dict) -> str:
             for e in held:
                 h = e["held_out_templates"]
                 lines.append(f"| {e['label']} | {h['queries']} | {h['first_stage_r1']} -> **{h['reranked_r1']}** | "
-                             f"{_fmt(h['within_family_first_stage'])} -> **{_fmt(h['within_family'])}** |")
+                             f"{_fmt(h.get('within_family_first_stage'))} -> **{_fmt(h.get('within_family'))}** |")
         lines += [""] + [f"- {e['label']}: `{e['command']}`" for e in evals]
     else:
         lines.append("None recorded.")
