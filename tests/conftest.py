@@ -53,7 +53,7 @@ if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:3] < (3
 
 
 def pytest_addoption(parser):
-    """The GPU smoke's options (tests/test_gpu_smoke.py, tests/test_gpu_smoke_jobs.py)."""
+    """The GPU smoke's options (tests/test_gpu_smoke.py, tests/test_gpu_smoke_jobs.py) and --write-screenshots."""
     group = parser.getgroup("gpu smoke")
     group.addoption("--device", default="cpu",
                     help="device of the GPU smoke's stages: cpu (default), cuda or cuda:N")
@@ -61,6 +61,10 @@ def pytest_addoption(parser):
                     help="the GPU smoke's encode actor arithmetic (default fp32: within the codec's bound of the CPU)")
     group.addoption("--gpu-smoke-jobs", action="store_true", default=False,
                     help="also run the GPU smoke through the jobs as subprocesses (slow; needs Ray)")
+    # The README's screenshots change only when someone means to change them, not on every run of the suite.
+    parser.addoption("--write-screenshots", action="store_true", default=False,
+                     help="tests/test_search_page_browser.py writes its screenshots into docs/ (default: a temporary "
+                     "folder)")
 
 
 @pytest.fixture(scope="session")

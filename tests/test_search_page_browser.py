@@ -3,7 +3,8 @@ shipped reranker: the token prompt, both columns' thumbnails, the reranked order
 image added by url from the page.
 
 Needs Debian's chromium and chromium-driver (.ci/run installs them) and selenium (the dev extra); skips without.
-Writes docs/search_page.png (the shapes world) and docs/search_page_open.png (the open world, the README's screenshot).
+With --write-screenshots it writes docs/search_page.png (the shapes world) and docs/search_page_open.png (the open
+world, the README's screenshot); without, the screenshots go to the test's temporary folder.
 """
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ def _search(driver, query):
 
 
 @pytest.mark.slow
-def test_the_page_in_chromium(browser, kind, served, world, image_server):  # browser first: a skip starts no Ray
+def test_the_page_in_chromium(browser, kind, served, world, image_server, request, tmp_path):  # browser first: a skip starts no Ray
     from selenium.webdriver.common.by import By
 
     url, http = served
@@ -187,6 +188,8 @@ def test_the_page_in_chromium(browser, kind, served, world, image_server):  # br
     if world.image_ids[5] in shown:  # the caption's own image is marked where shown
         assert [li.get_attribute("data-id") for li in expected] == [world.image_ids[5]]
     screenshot = CASES[kind][1]
+    if not request.config.getoption("--write-screenshots"):
+        screenshot = tmp_path / screenshot.name
     d.save_screenshot(str(screenshot))
     from PIL import Image
 
