@@ -117,6 +117,19 @@ def tiny_edje_config(minilm_path) -> EDJEConfig:
     )
 
 
+@pytest.fixture
+def refused_url():
+    """``http://127.0.0.1:PORT`` on a port held bound, never listening, for the test's life: every connection is refused.
+
+    A port merely found free is free only until someone binds it, and a Ray cluster binds dozens of ports; a url on
+    one could then reach a raylet's gRPC port and fail some other way than a refusal."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A fresh local Ray instance (never an already running cluster), shut down after the module."""

@@ -24,7 +24,6 @@ from PIL import Image
 from edje.pipeline import reasons
 from edje.sampleworld.world import WorldConfig, generate, url_rows
 from edje.schemas.shipped import DEFAULT_BACKBONE
-from edje.serving.ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +189,7 @@ def two_node_cluster():
     cluster.shutdown()
 
 
-def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_cluster):
+def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_cluster, refused_url):
     import ray
 
     from edje.pipeline.job import run_encode_job
@@ -200,7 +199,7 @@ def test_two_node_cluster_planted_bad_inputs_and_resume(tmp_path, two_node_clust
     world, routes, rows = planted_world(tmp_path, 176)
     out = str(tmp_path / "out")
     with serve(world, routes) as base:
-        data, expected, failed, twins = rows(base, f"http://127.0.0.1:{free_port()}")
+        data, expected, failed, twins = rows(base, refused_url)
         # A multi-file input: a folder of two lists (plain and gzipped TSV); the duplicate urls at the
         # end of the second file repeat rows of the first, so "once in the output" spans files.
         lines = data.splitlines(keepends=True)

@@ -19,7 +19,6 @@ from edje.sampleworld.server import serve_directory
 from edje.serving.config import DeploymentResources, ServeConfig
 from edje.serving.ingress import REPLICA_HEADER
 from edje.serving.live_log import LiveLog
-from edje.serving.ports import free_port
 from edje.serving.random_corpus import write_random_corpus
 from edje.serving.startup import StartupConfig
 
@@ -147,11 +146,11 @@ def test_image_documents_by_url_and_base64_are_encoded_and_scored(served, images
     assert len(res.results) == 4 and res.meta.warnings and res.meta.truncated == {"kept": 64, "query_tokens": 80}
 
 
-def test_bad_images_are_4xx_naming_the_problem(served, images, corpus):
+def test_bad_images_are_4xx_naming_the_problem(served, images, corpus, refused_url):
     url, http, _ = served
     server, root = images
     junk64 = base64.b64encode(b"not an image at all").decode()
-    dead = f"http://127.0.0.1:{free_port()}/x.png"  # a port nobody listens on
+    dead = refused_url + "/x.png"
     cases = [
         ({"url": server.url("junk.png")}, 422, "not_an_image"),
         ({"image": junk64}, 422, "not_an_image"),
