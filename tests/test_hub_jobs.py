@@ -165,12 +165,13 @@ def _ids_and_captions(raw_table: str):
     return table.column("image_id").to_pylist(), table.column("caption").to_pylist()
 
 
-def test_with_the_hub_down_and_nothing_cached_each_job_fails_with_one_line(hub, work, raw, checkpoint, compressed):
-    # A hub that no longer answers, and an empty cache.
-    hub.stop()
-    env = hub_environment(hub.url, work / "hf-empty")
+def test_with_the_hub_down_and_nothing_cached_each_job_fails_with_one_line(work, raw, checkpoint, compressed,
+                                                                        refused_url):
+    # A hub that does not answer, and an empty cache. Its port stays bound (not listening) while the jobs run: a
+    # stopped server's port is free, and one of the Ray processes these jobs start could bind it and answer.
+    env = hub_environment(refused_url, work / "hf-empty")
     cache = work / "hf-empty" / "hub"
-    down = f"the hub ({hub.url}) could not be reached and the hub cache ({cache}) holds no copy of it"
+    down = f"the hub ({refused_url}) could not be reached and the hub cache ({cache}) holds no copy of it"
     # The three side by side: huggingface_hub retries a refused connection for about 23 s before giving up.
     jobs = {
         f"[encode] backbone {BACKBONE} cannot be loaded: {down}":
