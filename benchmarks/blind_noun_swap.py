@@ -73,11 +73,16 @@ def free_swap(train: Sequence[str]) -> Swap:
     return swap
 
 
-def held_out(records, rule: str, rounds: int = 1000) -> dict:
-    """Fit on the train split under ``rule`` ("context" or "free"), score the val split's (caption, swap) pairs."""
+RULES: dict[str, Callable[[Sequence[str], Sequence[str]], Swap]] = {
+    "context": context_swap, "free": lambda caps, _ids: free_swap(caps)}
+
+
+def held_out(records, rule: str | Callable[[Sequence[str], Sequence[str]], Swap], rounds: int = 1000) -> dict:
+    """Fit on the train split under ``rule`` (a name in RULES, or a builder of a swap from the train captions and
+    their image ids), score the val split's (caption, swap) pairs."""
     train = [(c, r.image_id) for r in records if r.split == "train" for c in r.captions]
     caps = [c for c, _ in train]
-    swap = context_swap(caps, [i for _, i in train]) if rule == "context" else free_swap(caps)
+    swap = (RULES[rule] if isinstance(rule, str) else rule)(caps, [i for _, i in train])
     table = Bigrams(caps, swap, np.random.default_rng(0))
     rng = np.random.default_rng(1)
     hits, fams = [], []

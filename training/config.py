@@ -10,9 +10,10 @@ from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
 Objective = Literal["itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill", "route_mirror",
-                    "word_align", "cell_recovery", "noun_swap", "orientation"]
+                    "word_align", "cell_recovery", "noun_swap", "orientation", "attribute_swap"]
 OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery", "distill", "ground", "flip", "pointer", "route_distill",
-                               "route_mirror", "word_align", "cell_recovery", "noun_swap", "orientation")
+                               "route_mirror", "word_align", "cell_recovery", "noun_swap", "orientation",
+                               "attribute_swap")
 NegativeSource = Literal["in-batch", "miner"]
 
 PRETRAIN_OBJECTIVES: Tuple[str, ...] = ("itm", "mlm", "recovery")

@@ -15,6 +15,7 @@ import fsspec
 from edje.schemas.cli_options import add_options, from_args
 from edje.schemas.token_table import TableMetadata, expand_paths, read_metadata, read_token_table
 from edje.storage.hub import CheckpointNotFound, hub_env
+from edje.training.attribute_swaps import AttributeSwaps
 from edje.training.caption_rewrites import ORIENTATION, VERTICAL, FlipBalance
 from edje.training.config import TrainJobConfig
 from edje.training.config import absolute_path as _absolute
@@ -78,6 +79,8 @@ def run(cfg: TrainJobConfig, language_model=None):
     if "noun_swap" in cfg.objectives:
         # Like the flip balance, counted once over every worker's captions.
         flips["noun_swaps"] = NounSwaps(*training_captions(paths, with_image_ids=True))
+    if "attribute_swap" in cfg.objectives:
+        flips["attribute_swaps"] = AttributeSwaps(training_captions(paths))
     if "orientation" in cfg.objectives:
         flips["orientation_balance"] = FlipBalance(training_captions(paths), ORIENTATION)
     trainer = TorchTrainer(

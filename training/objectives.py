@@ -17,7 +17,9 @@ every image of the batch, and their mean cosine picks the caption's own image an
 noun swaps: each positive against its caption with one noun replaced by a neighbour caption's (training/noun_swaps.py),
 on the same image, and orientation flips: each positive against its caption with the way things face reversed and
 their places kept (caption_rewrites.flip_orientation), on the same image, weighted so that those words alone carry no
-shortcut (a flip square's mirror can be told from its image by where things stand; this negative cannot).
+shortcut (a flip square's mirror can be told from its image by where things stand; this negative cannot), and
+attribute swaps: each positive against its caption with one size word or count replaced (training/attribute_swaps.py),
+on the same image, weighted the same way.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from torch.nn import functional as F
 
 from edje.model.content_words import ContentWords
 from edje.model.edje import EDJEModel
+from edje.training.attribute_swaps import AttributeSwaps
 from edje.training.batches import TrainBatch
 from edje.training.caption_rewrites import (
     HORIZONTAL,
@@ -85,7 +88,8 @@ class EDJEObjectives(nn.Module):
                  word_groups: Optional[PieceGroups | ContentWords] = None, grounding: Optional[Mapping] = None,
                  flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None,
                  pointer_k: float = 10.0, align_temperature: float = 0.05, noun_swaps: Optional[NounSwaps] = None,
-                 orientation_balance: Optional[FlipBalance] = None, seed: int = 0):
+                 orientation_balance: Optional[FlipBalance] = None, attribute_swaps: Optional[AttributeSwaps] = None,
+                 seed: int = 0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -124,7 +128,12 @@ class EDJEObjectives(nn.Module):
                                                      and orientation_balance.axis == ORIENTATION):
             raise ValueError("the orientation objective compares ITM logits: it needs the itm objective and a "
                              "FlipBalance of the training captions on ORIENTATION")
+        if "attribute_swap" in self.objectives and not ("itm" in self.objectives
+                                                        and isinstance(attribute_swaps, AttributeSwaps)):
+            raise ValueError("the attribute_swap objective compares ITM logits: it needs the itm objective and the "
+                             "training captions' AttributeSwaps")
         self.noun_swaps, self._swap_rng = noun_swaps, np.random.default_rng(seed)
+        self.attribute_swaps = attribute_swaps
         self.orientation_balance = orientation_balance
         self.align_temperature = align_temperature
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
@@ -171,6 +180,9 @@ class EDJEObjectives(nn.Module):
         if "noun_swap" in self.objectives:
             out.update(self._noun_swap(batch, neg, pos, pos_l))
             total = total + self.weights.get("noun_swap", 1.0) * out["loss_noun_swap"]
+        if "attribute_swap" in self.objectives:
+            out.update(self._attribute_swap(batch, pos, pos_l))
+            total = total + self.weights.get("attribute_swap", 1.0) * out["loss_attribute_swap"]
         if "orientation" in self.objectives:
             out.update(self._orientation(batch, pos, pos_l))
             total = total + self.weights.get("orientation", 1.0) * out["loss_orientation"]
@@ -247,6 +259,18 @@ class EDJEObjectives(nn.Module):
         swap_l = self.model.encoder.score([swapped[i] for i in rows], pos[rows])
         return {"loss_noun_swap": weighted_flip_loss(pos_l[rows], swap_l, torch.ones_like(swap_l)),
                 "noun_swap_acc": (pos_l[rows] > swap_l).float().mean().detach()}
+
+    def _attribute_swap(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Each positive against its caption with one size word or count replaced, on the same image, weighted so
+        that the new word alone carries no shortcut."""
+        swapped = [self.attribute_swaps.swap(c, self._swap_rng) for c in batch.captions]
+        rows = [i for i, s in enumerate(swapped) if s is not None and s[1] > 0]
+        if not rows:
+            return {"loss_attribute_swap": pos.sum() * 0}
+        swap_l = self.model.encoder.score([swapped[i][0] for i in rows], pos[rows])
+        w = torch.tensor([swapped[i][1] for i in rows], dtype=swap_l.dtype, device=swap_l.device)
+        return {"loss_attribute_swap": weighted_flip_loss(pos_l[rows], swap_l, w),
+                "attribute_swap_acc": (pos_l[rows] > swap_l).float().mean().detach()}
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
