@@ -1,7 +1,9 @@
 """Live images over real HTTP on loopback: POST /v1/images, image documents by url and base64, bad input, restart.
 
 One Serve app with two reranker replicas and a live folder; images are served to it by the sample
-world's loopback file server. The restart test runs last (and compacts the live log before redeploying).
+world's loopback file server. Corpus image 0 is added once more as `copy-0` (the `copy_0` fixture), for every test
+that reads it, so each test also runs alone. The restart tests run last (the first compacts the live log before
+redeploying).
 """
 from __future__ import annotations
 
@@ -78,6 +80,14 @@ def served(ray_local, corpus, tmp_path_factory):
         yield url, http, cfg
 
 
+@pytest.fixture(scope="module")
+def copy_0(served, images):
+    """Corpus image 0 added again over HTTP, by url, as `copy-0`: the add's response."""
+    url, http, _ = served
+    server, _ = images
+    return http.post(url + "/v1/images", json={"url": server.url("img0.png"), "id": "copy-0"}, timeout=120)
+
+
 def _raw(http, url, query, documents):
     r = http.post(url + "/v1/rerank", json={"query": query, "documents": documents, "raw_scores": True}, timeout=120)
     assert r.status_code == 200, r.text
@@ -87,10 +97,9 @@ def _raw(http, url, query, documents):
     return out, r
 
 
-def test_an_added_image_scores_like_the_same_stored_image_on_every_replica(served, images, corpus):
+def test_an_added_image_scores_like_the_same_stored_image_on_every_replica(served, corpus, copy_0):
     url, http, _ = served
-    server, _ = images
-    r = http.post(url + "/v1/images", json={"url": server.url("img0.png"), "id": "copy-0"}, timeout=120)
+    r = copy_0
     assert r.status_code == 200, r.text
     assert r.json()["id"] == "copy-0" and r.json()["corpus_size"] == 49 and r.json()["url"].endswith("img0.png")
     query = corpus.captions[0]
@@ -112,7 +121,7 @@ def test_an_added_image_scores_like_the_same_stored_image_on_every_replica(serve
     assert info["corpus_size"] == 49 and info["live_images"]["enabled"]
 
 
-def test_image_documents_by_url_and_base64_are_encoded_and_scored(served, images, corpus):
+def test_image_documents_by_url_and_base64_are_encoded_and_scored(served, images, corpus, copy_0):
     url, http, _ = served
     server, root = images
     b64 = base64.b64encode((root / "img0.png").read_bytes()).decode()
@@ -146,7 +155,7 @@ def test_image_documents_by_url_and_base64_are_encoded_and_scored(served, images
     assert len(res.results) == 4 and res.meta.warnings and res.meta.truncated == {"kept": 64, "query_tokens": 80}
 
 
-def test_bad_images_are_4xx_naming_the_problem(served, images, corpus, refused_url):
+def test_bad_images_are_4xx_naming_the_problem(served, images, corpus, refused_url, copy_0):
     url, http, _ = served
     server, root = images
     junk64 = base64.b64encode(b"not an image at all").decode()
@@ -189,7 +198,7 @@ def test_bad_images_are_4xx_naming_the_problem(served, images, corpus, refused_u
     assert [s for s in schema["url"]["anyOf"] if s.get("type") == "string"][0]["pattern"].startswith("^https?://")
 
 
-def test_added_images_survive_a_restart(served, images, corpus):
+def test_added_images_survive_a_restart(served, images, corpus, copy_0):
     from ray import serve
 
     from edje.serving.app import build

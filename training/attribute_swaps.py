@@ -18,12 +18,13 @@ context's counts, which gives each side as much weight among true captions as am
 """
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import numpy as np
+
+from edje.training.noun_swaps import END, START, WORD_TOKEN
 
 # Each attribute word's (class, value): a swap replaces a word by one of its class with another value.
 _SIZE = {**{w: ("size", "large") for w in ("big", "large", "huge", "giant")},
@@ -32,8 +33,6 @@ _COUNT = {w: ("count", n) for n, w in enumerate("two three four five six seven e
 _DIGITS = {str(n): ("count", n) for n in range(2, 11)}
 VALUES: dict[str, tuple[str, object]] = {**_SIZE, **_COUNT, **_DIGITS}
 KINDS: tuple[str, ...] = ("size", "count")
-_TOKEN = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|[0-9]+|[^\sA-Za-z0-9]")
-START, END = "^", "$"
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class AttributeSlot:
 
 def attribute_slots(caption: str) -> tuple[AttributeSlot, ...]:
     """The caption's size words and counts, each mention apart, in order."""
-    tokens = list(_TOKEN.finditer(caption))
+    tokens = list(WORD_TOKEN.finditer(caption))
     slots = []
     for i, m in enumerate(tokens):
         word = m.group().lower()

@@ -37,7 +37,8 @@ from edje.training.caption_rewrites import OPPOSITES, UNPAIRED
 NUMERALS = frozenset("zero one two three four five six seven eight nine ten eleven twelve dozen".split())
 SPATIAL = (frozenset(w for axis in OPPOSITES for w in OPPOSITES[axis]) | frozenset().union(*UNPAIRED.values())
            | frozenset("middle centre center between beside behind near next front side sides corner".split()))
-_TOKEN = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|[0-9]+|[^\sA-Za-z0-9]")
+# A caption's words (hyphenated and apostrophised ones whole), numbers and marks.
+WORD_TOKEN = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|[0-9]+|[^\sA-Za-z0-9]")
 START, END = "^", "$"
 
 
@@ -72,7 +73,7 @@ def _article(word: str) -> str:
 @lru_cache(maxsize=1 << 17)  # a training run asks about the same captions every epoch
 def noun_slots(caption: str) -> tuple[Slot, ...]:
     """The caption's noun slots, in order, one per distinct word (a word mentioned twice is one slot)."""
-    tokens = _TOKEN.findall(caption)
+    tokens = WORD_TOKEN.findall(caption)
     slots, seen = [], set()
     for i, tok in enumerate(tokens):
         if not _is_slot(tok) or (i + 1 < len(tokens) and _is_content(tokens[i + 1])):
