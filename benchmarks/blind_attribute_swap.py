@@ -10,12 +10,11 @@ without the weights). 50% means the swaps carry no shortcut in their wording.
 """
 from __future__ import annotations
 
-import json
 from typing import Optional, Sequence
 
 import numpy as np
-from blind_noun_swap import Swap, held_out
-from blind_prior import records_of, world_options
+from blind_noun_swap import Swap, report
+from blind_prior import world_options
 
 from edje.training.attribute_swaps import KINDS, AttributeSwaps
 
@@ -37,18 +36,9 @@ def attribute_swap(weighted: bool, kinds: Sequence[str] = KINDS):
 
 def main(argv: list[str] | None = None) -> dict:
     args = world_options(__doc__.split("\n")[0], "open").parse_args(argv)
-    recs = records_of(args.world, args.seed, args.n_train, args.n_val)
-    out = {"world": args.world, "seed": args.seed}
-    runs = [(f"{'+'.join(kinds)} {name}", kinds, weighted) for kinds in (KINDS, ("size",), ("count",))
-            for name, weighted in (("weighted", True), ("unweighted", False))]
-    for name, kinds, weighted in runs:
-        v = out[name] = held_out(recs, attribute_swap(weighted, kinds))
-        print(f"{name:21s} {v['acc']:6.2f}% {v['ci95']} (n {v['n']}, {v['swapped']}% of val captions swapped, "
-              f"{v['families']} families)")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
-    return out
+    return report(args, {f"{'+'.join(kinds)} {name}": attribute_swap(weighted, kinds)
+                         for kinds in (KINDS, ("size",), ("count",))
+                         for name, weighted in (("weighted", True), ("unweighted", False))})
 
 
 if __name__ == "__main__":

@@ -99,18 +99,23 @@ def held_out(records, rule: str | Callable[[Sequence[str], Sequence[str]], Swap]
     return {**family_accuracy(hits, fams, rounds), "swapped": round(100 * len(hits) / n_val, 1)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = world_options(__doc__.split("\n")[0], "open").parse_args(argv)
+def report(args, rules: dict) -> dict:
+    """`held_out` of each named rule on the world that ``args`` (`world_options`) names: printed, and written to
+    ``args.json`` when given."""
     recs = records_of(args.world, args.seed, args.n_train, args.n_val)
     out = {"world": args.world, "seed": args.seed}
-    for rule in ("context", "free"):
-        v = out[rule] = held_out(recs, rule)
-        print(f"{rule:8s} {v['acc']:6.2f}% {v['ci95']} (n {v['n']}, {v['swapped']}% of val captions swapped, "
+    for name, rule in rules.items():
+        v = out[name] = held_out(recs, rule)
+        print(f"{name:21s} {v['acc']:6.2f}% {v['ci95']} (n {v['n']}, {v['swapped']}% of val captions swapped, "
               f"{v['families']} families)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return report(world_options(__doc__.split("\n")[0], "open").parse_args(argv), {rule: rule for rule in RULES})
 
 
 if __name__ == "__main__":

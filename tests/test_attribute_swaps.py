@@ -5,6 +5,7 @@ gradient."""
 from __future__ import annotations
 
 import blind_attribute_swap as bas
+import blind_noun_swap as bns
 import blind_prior as bp
 import numpy as np
 import pytest
@@ -64,10 +65,10 @@ def test_weights_give_each_value_as_much_weight_among_swaps_as_among_true_captio
 @pytest.mark.parametrize("world", ["open", "shapes"])
 def test_a_blind_model_of_word_pairs_is_at_chance_on_held_out_families(world):
     recs = bp.records_of(world, 100, 4000, 1000)
-    weighted = bas.held_out(recs, bas.attribute_swap(True))
+    weighted = bns.held_out(recs, bas.attribute_swap(True))
     assert weighted["ci95"][0] <= 50 <= weighted["ci95"][1] and weighted["swapped"] > 50, weighted
     if world == "open":  # the shapes world names no counts; the open world's count contexts are uneven
-        counts = bas.held_out(recs, bas.attribute_swap(True, kinds=("count",)))
+        counts = bns.held_out(recs, bas.attribute_swap(True, kinds=("count",)))
         assert counts["ci95"][0] <= 50 <= counts["ci95"][1] and counts["n"] > 1000, counts
 
 

@@ -11,20 +11,20 @@ One mention changes (one thing's size or count), the others stay. As with noun s
 context it was seen in among the training captions (the word before and the word or mark after), drawn by its
 frequency there, so every word pair of a swapped caption occurs in true ones; and where the caption already names
 the new value, it keeps its own word for it (a caption that says "big" and "little" swaps "big" for "little", never
-for "small": captions seldom use two words of one value, and a model could tell a swap by that). A context where one side is more
-common would still give a swap away by the word alone ("big" after "a" twice as often as "small"), so each swap
-carries a weight, as the caption-side flips do (`FlipBalance`): min(n[side], n[other sides]) / n[side] over the
-context's counts, which gives each side as much weight among true captions as among swapped ones.
+for "small": captions seldom use two words of one value, and a model could tell a swap by that). A context where one
+value is more common would still give a swap away by the word alone ("big" after "a" twice as often as "small"), so
+each swap carries a weight, as the caption-side flips do (`FlipBalance`): min(n[value], n[other values]) / n[value]
+over the context's counts, which gives each value as much weight among true captions as among swapped ones.
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import numpy as np
 
-from edje.training.noun_swaps import END, START, WORD_TOKEN
+from edje.training.noun_swaps import END, START, WORD_TOKEN, DonorTable
 
 # Each attribute word's (class, value): a swap replaces a word by one of its class with another value.
 _SIZE = {**{w: ("size", "large") for w in ("big", "large", "huge", "giant")},
@@ -82,15 +82,14 @@ class AttributeSwaps:
 
     def __init__(self, captions: Iterable[str], kinds: Iterable[str] = KINDS):
         self.kinds = frozenset(kinds)
-        self.donors: dict[tuple, Counter] = defaultdict(Counter)
+        self.donors = DonorTable()
         for c in captions:
             for s in attribute_slots(c):
-                self.donors[s.context][s.word] += 1
-        self._draw: dict[tuple, tuple[list, np.ndarray]] = {}
+                self.donors.add(s.context, s.word)
 
     def weight(self, slot: AttributeSlot) -> float:
         """min(n[value], n[other values]) / n[value] in the slot's context: 0 where no other value was seen there."""
-        counts = self.donors.get(slot.context, Counter())
+        counts = self.donors.counts.get(slot.context, Counter())
         value = VALUES[slot.word]
         same = sum(n for w, n in counts.items() if VALUES[w] == value)
         return min(same, sum(counts.values()) - same) / same if same else 0.0
@@ -104,18 +103,8 @@ class AttributeSwaps:
             slot = slots[i]
             if slot.kind not in self.kinds:
                 continue
-            words, p = self._choices(slot.context)
-            keep = np.array([VALUES[w] != VALUES[slot.word] and own.get(VALUES[w], w) == w for w in words], dtype=bool)
-            if keep.any():
-                q = p * keep
-                new = words[rng.choice(len(words), p=q / q.sum())]
+            value = VALUES[slot.word]
+            new = self.donors.draw(slot.context, lambda w, v=value: VALUES[w] != v and own.get(VALUES[w], w) == w, rng)
+            if new is not None:
                 return replace_slot(caption, slot, new), self.weight(slot)
         return None
-
-    def _choices(self, context: tuple) -> tuple[list, np.ndarray]:
-        if context not in self._draw:
-            counts = self.donors.get(context, Counter())
-            words = sorted(counts)
-            n = np.array([counts[w] for w in words], dtype=float)
-            self._draw[context] = (words, n / n.sum() if len(n) else n)
-        return self._draw[context]

@@ -25,7 +25,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -119,22 +119,45 @@ def aliases(captions: Iterable[str], image_ids: Iterable[str]) -> frozenset[froz
     return frozenset(across - together)
 
 
+class DonorTable:
+    """Words counted by the context they were seen in; draws one by its frequency there among those a caller keeps."""
+
+    def __init__(self):
+        self.counts: dict[tuple, Counter] = defaultdict(Counter)
+        self._draw: dict[tuple, tuple[list, np.ndarray]] = {}
+
+    def add(self, key: tuple, word: str) -> None:
+        """Count ``word`` once more in the context ``key``."""
+        self.counts[key][word] += 1
+        self._draw.pop(key, None)
+
+    def draw(self, key: tuple, keep: Callable[[str], bool], rng: np.random.Generator) -> Optional[str]:
+        """A word seen in ``key`` for which ``keep`` holds, drawn by its count there; None when there is none."""
+        if key not in self._draw:
+            counts = self.counts.get(key, Counter())
+            words = sorted(counts)
+            n = np.array([counts[w] for w in words], dtype=float)
+            self._draw[key] = (words, n / n.sum() if len(n) else n)
+        words, p = self._draw[key]
+        q = p * np.array([keep(w) for w in words], dtype=bool)
+        return words[rng.choice(len(words), p=q / q.sum())] if q.any() else None
+
+
 class NounSwaps:
     """Noun slots of the training captions, counted by context: draws each caption's noun-swap negative.
     ``image_ids`` (one per caption) lets it find two names of one thing (`aliases`) and never swap them."""
 
     def __init__(self, captions: Iterable[str], image_ids: Optional[Iterable[str]] = None):
         captions = list(captions)
-        self.donors: dict[tuple, Counter] = defaultdict(Counter)
+        self.donors = DonorTable()
         articles: dict[str, Counter] = defaultdict(Counter)  # "an hour", "a unicorn": the data says which
         for c in captions:
             for s in noun_slots(c):
-                self.donors[s.key][s.word] += 1
+                self.donors.add(s.key, s.word)
                 if s.article:
                     articles[s.word][s.article] += 1
         self.articles = {w: c.most_common(1)[0][0] for w, c in articles.items()}
         self.aliases = aliases(captions, image_ids) if image_ids is not None else frozenset()
-        self._draw: dict[tuple, tuple[list, np.ndarray]] = {}
 
     def _allowed(self, old: str, new: str, present: set) -> bool:
         return new not in present and frozenset((old, new)) not in self.aliases
@@ -153,18 +176,7 @@ class NounSwaps:
         order = rng.permutation(len(slots))
         for i in order:
             slot = slots[i]
-            words, p = self._choices(slot.key)
-            keep = np.array([self._allowed(slot.word, w, present) for w in words], dtype=bool)
-            if keep.any():
-                q = p * keep
-                new = words[rng.choice(len(words), p=q / q.sum())]
+            new = self.donors.draw(slot.key, lambda w, old=slot.word: self._allowed(old, w, present), rng)
+            if new is not None:
                 return swap_noun(caption, slot.word, new, self.articles.get(new))
         return None
-
-    def _choices(self, key: tuple) -> tuple[list, np.ndarray]:
-        if key not in self._draw:
-            counts = self.donors.get(key, Counter())
-            words = sorted(counts)
-            n = np.array([counts[w] for w in words], dtype=float)
-            self._draw[key] = (words, n / n.sum() if len(n) else n)
-        return self._draw[key]
