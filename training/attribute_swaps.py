@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from edje.training.noun_swaps import END, START, WORD_TOKEN, DonorTable
+from edje.training.noun_swaps import END, START, WORD_TOKEN, DonorTable, article_key, indefinite_article
 
 # Each attribute word's (class, value): a swap replaces a word by one of its class with another value.
 _SIZE = {**{w: ("size", "large") for w in ("big", "large", "huge", "giant")},
@@ -60,7 +60,7 @@ def attribute_slots(caption: str) -> tuple[AttributeSlot, ...]:
         kind = VALUES[word][0]
         article = tokens[i - 1].span() if before in ("a", "an") else None
         slots.append(AttributeSlot(m.start(), m.end(), word, kind,
-                                   (kind, "a" if before == "an" else before, after), article))
+                                   (kind, article_key(before), after), article))
     return tuple(slots)
 
 
@@ -71,7 +71,7 @@ def replace_slot(caption: str, slot: AttributeSlot, new: str) -> str:
     if slot.article is None:
         return caption[:slot.start] + out + caption[slot.end:]
     a, b = slot.article
-    fitted = "an" if new[:1].lower() in "aeiou" else "a"
+    fitted = indefinite_article(new)
     fitted = fitted.capitalize() if caption[a].isupper() else fitted
     return caption[:a] + fitted + caption[b:slot.start] + out + caption[slot.end:]
 

@@ -65,9 +65,14 @@ def _plural(word: str) -> bool:
     return word.endswith("s") and not word.endswith(("ss", "us", "is"))
 
 
-def _article(word: str) -> str:
+def article_key(word: str) -> str:
     """a/an as one context: the swap rewrites the article to fit the donor."""
     return "a" if word in ("a", "an") else word
+
+
+def indefinite_article(word: str) -> str:
+    """"a" or "an" before ``word``, by its first letter."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 @lru_cache(maxsize=1 << 17)  # a training run asks about the same captions every epoch
@@ -84,7 +89,7 @@ def noun_slots(caption: str) -> tuple[Slot, ...]:
         seen.add(word)
         before = tokens[i - 1].lower() if i else START
         after = tokens[i + 1].lower() if i + 1 < len(tokens) else END
-        slots.append(Slot(word, (_article(before), after, _plural(word)), before if before in ("a", "an") else None))
+        slots.append(Slot(word, (article_key(before), after, _plural(word)), before if before in ("a", "an") else None))
     return tuple(slots)
 
 
@@ -98,7 +103,7 @@ def swap_noun(caption: str, old: str, new: str, article: Optional[str] = None) -
         article, space, word = m.group(1), m.group(2), m.group(3)
         out = new.capitalize() if word[0].isupper() else new
         if article:
-            fixed = new_article or ("an" if new[:1].lower() in "aeiou" else "a")
+            fixed = new_article or indefinite_article(new)
             article = fixed.capitalize() if article[0].isupper() else fixed
         return (article or "") + (space or "") + out
     pattern = re.compile(r"(?:\b(an?|An?)(\s+))?(?<![A-Za-z'-])(" + re.escape(old) + r")(?![A-Za-z'-])", re.IGNORECASE)

@@ -253,24 +253,14 @@ class EDJEObjectives(nn.Module):
         """Each positive against its caption with one noun swapped, donors first from its hard negatives'
         captions, on the same image."""
         swapped = [self.noun_swaps.swap(c, neg.captions[i], self._swap_rng) for i, c in enumerate(batch.captions)]
-        rows = [i for i, s in enumerate(swapped) if s is not None]
-        if not rows:
-            return {"loss_noun_swap": pos.sum() * 0}
-        swap_l = self.model.encoder.score([swapped[i] for i in rows], pos[rows])
-        return {"loss_noun_swap": weighted_flip_loss(pos_l[rows], swap_l, torch.ones_like(swap_l)),
-                "noun_swap_acc": (pos_l[rows] > swap_l).float().mean().detach()}
+        return caption_negatives_loss(self.model, "noun_swap", swapped, [1.0] * len(swapped), pos, pos_l)
 
     def _attribute_swap(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Each positive against its caption with one size word or count replaced, on the same image, weighted so
         that the new word alone carries no shortcut."""
         swapped = [self.attribute_swaps.swap(c, self._swap_rng) for c in batch.captions]
-        rows = [i for i, s in enumerate(swapped) if s is not None and s[1] > 0]
-        if not rows:
-            return {"loss_attribute_swap": pos.sum() * 0}
-        swap_l = self.model.encoder.score([swapped[i][0] for i in rows], pos[rows])
-        w = torch.tensor([swapped[i][1] for i in rows], dtype=swap_l.dtype, device=swap_l.device)
-        return {"loss_attribute_swap": weighted_flip_loss(pos_l[rows], swap_l, w),
-                "attribute_swap_acc": (pos_l[rows] > swap_l).float().mean().detach()}
+        return caption_negatives_loss(self.model, "attribute_swap", [s and s[0] for s in swapped],
+                                      [s[1] if s else 0.0 for s in swapped], pos, pos_l)
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
@@ -376,10 +366,19 @@ def caption_side_flips(model: EDJEModel, balance: FlipBalance, name: str, captio
     """loss_<name> and <name>_acc: each positive (logit `pos_l`) against its caption's flip by `balance` on the same
     image (adapter tokens `pos`), weighted by the balance; a zero loss when no caption has a weighted flip."""
     weight = [balance.weight(c) for c in captions]
-    rows = [i for i, w in enumerate(weight) if w > 0]
+    flips = [balance.flip(c) if w > 0 else None for c, w in zip(captions, weight)]
+    return caption_negatives_loss(model, name, flips, weight, pos, pos_l)
+
+
+def caption_negatives_loss(model: EDJEModel, name: str, negatives: Sequence[Optional[str]], weights: Sequence[float],
+                           pos: torch.Tensor, pos_l: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """loss_<name> and <name>_acc: each positive (logit `pos_l`) against its caption-side negative on the same image
+    (adapter tokens `pos`), weighted; rows with no negative or a zero weight sit out, and none left gives a zero
+    loss."""
+    rows = [i for i, (text, w) in enumerate(zip(negatives, weights)) if text is not None and w > 0]
     if not rows:
         return {f"loss_{name}": pos.sum() * 0}
-    flip_l = model.encoder.score([balance.flip(captions[i]) for i in rows], pos[rows])
-    w = torch.tensor([weight[i] for i in rows], dtype=flip_l.dtype, device=flip_l.device)
-    return {f"loss_{name}": weighted_flip_loss(pos_l[rows], flip_l, w),
-            f"{name}_acc": (pos_l[rows] > flip_l).float().mean().detach()}
+    neg_l = model.encoder.score([negatives[i] for i in rows], pos[rows])
+    w = torch.tensor([weights[i] for i in rows], dtype=neg_l.dtype, device=neg_l.device)
+    return {f"loss_{name}": weighted_flip_loss(pos_l[rows], neg_l, w),
+            f"{name}_acc": (pos_l[rows] > neg_l).float().mean().detach()}
