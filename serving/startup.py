@@ -36,7 +36,8 @@ class StartupConfig:
     attempts: int = option(3, flag="--start-attempts", help="tries to bring Serve up before giving up")
     retry_wait_s: float = 5.0
     healthy_timeout_s: float = option(300.0, flag="--ready-timeout",
-                                      help="seconds per attempt until GET /healthz answers 200 (default %(default)s)")
+                                      help="seconds per attempt until a proxy is healthy and GET /healthz answers 200 "
+                                      "(default %(default)s)")
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -77,9 +78,23 @@ def wait_healthy(url: str, timeout_s: float) -> None:
     raise TimeoutError(f"{url}/healthz did not answer 200 within {timeout_s:.0f} s (last: {last})")
 
 
+def wait_proxy_healthy(timeout_s: float) -> None:
+    """Poll Serve's status until an HTTP proxy reports HEALTHY; TimeoutError after timeout_s."""
+    from ray import serve
+    from ray.serve.schema import ProxyStatus
+
+    deadline, proxies = time.time() + timeout_s, {}
+    while time.time() < deadline:
+        proxies = {node[:8]: status.value for node, status in serve.status().proxies.items()}
+        if ProxyStatus.HEALTHY.value in proxies.values():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"no HTTP proxy reported healthy within {timeout_s:.0f} s (proxies: {proxies or 'none'})")
+
+
 def start_serve(build: Callable[[], object], name: str, route_prefix: str, host: str, port: int, url: str,
                 startup: StartupConfig) -> int:
-    """serve.start + serve.run + wait for /healthz, up to startup.attempts times; returns the attempts used."""
+    """serve.start, a healthy proxy, serve.run, /healthz: up to startup.attempts times; returns the attempts used."""
     from ray import serve
 
     errors = []
@@ -88,8 +103,12 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
             # http_options only take effect when Serve starts here; an already running Serve keeps its own.
             # A proxy on every node: Ray Train workers reach the miner on their own node's loopback.
             serve.start(proxy_location="EveryNode", http_options={"host": host, "port": port})
+            # The replicas are deployed only behind a proxy that works: a proxy that cannot pass its checks
+            # fails the attempt in seconds, before models are loaded for nothing.
+            deadline = time.time() + startup.healthy_timeout_s
+            wait_proxy_healthy(startup.healthy_timeout_s)
             serve.run(build(), name=name, route_prefix=route_prefix, blocking=False)
-            wait_healthy(url, startup.healthy_timeout_s)
+            wait_healthy(url, max(deadline - time.time(), 1.0))
             return attempt
         except Exception as e:
             if _is_config_error(e):

@@ -149,7 +149,8 @@ def test_serve_run_of_the_shipped_config_file(tmp_path):
 
 
 def test_a_start_that_cannot_succeed_is_retried_then_refused_with_the_reason(corpus, tmp_path):
-    """A proxy that can never pass its readiness check: bounded attempts, exit 2, a message that says what to do."""
+    """A proxy that can never pass its readiness check: bounded attempts, each given up before any replica is
+    deployed, exit 2, a message that says what to do."""
     port = free_port()
     cmd = [sys.executable, str(ROOT / "jobs" / "serve.py"), "--address", "local", "--checkpoint", corpus.checkpoint,
            "--tokens", *corpus.compressed_tables, "--port", str(port), "--proxy-timeout", "0.001",
@@ -159,3 +160,4 @@ def test_a_start_that_cannot_succeed_is_retried_then_refused_with_the_reason(cor
     message = next(line for line in run.stderr.splitlines() if line.startswith("[serve]"))
     assert "did not come up healthy in 2 attempts" in message and "attempt 1:" in message and "attempt 2:" in message
     assert "--proxy-timeout" in message and "Load average" in message
+    assert message.count("no HTTP proxy reported healthy") == 2 and "Deploying" not in run.stdout + run.stderr
