@@ -117,8 +117,8 @@ def test_a_weights_file_replaced_in_place_is_refused(tmp_path):
 
 def test_a_reranker_starts_whole_on_a_backbone_trained_on_only_when_asked(tmp_path):
     """`--init CK --init-on-new-backbone`: a checkpoint made on one backbone's weights starts a run on tables of the
-    same backbone with other weights, its adapter kept, and what it trains names the tables' weights; without the
-    flag the run is refused, and the flag without --init is refused."""
+    same backbone with other weights, or of a tower with tokens of the same shape, its adapter kept, and what it
+    trains names the tables' backbone; without the flag the run is refused, and the flag without --init is refused."""
     from edje.model.edje import EDJEModel, save_checkpoint
     from edje.schemas.token_table import TableMetadata
     from edje.training.launch import build_parser, config_from_args
@@ -140,6 +140,17 @@ def test_a_reranker_starts_whole_on_a_backbone_trained_on_only_when_asked(tmp_pa
     assert all(torch.equal(v, start.state_dict()[k]) for k, v in moved.state_dict().items())
     save_checkpoint(moved, str(tmp_path / "moved"))
     build_model(spec, new, init_checkpoint=str(tmp_path / "moved"))  # its checkpoints pair with the new tables
+    # A deeper tower grown from the one trained on: another name, tokens of the same count and width.
+    deeper = TableMetadata(**{**new.__dict__, "backbone": "edje-tiny-clip-d8"})
+    with pytest.raises(ValueError, match="trained on edje-tiny-clip/final tokens, the tables hold edje-tiny-clip-d8"):
+        build_model(spec, deeper, init_checkpoint=str(tmp_path / "ck"))
+    grown = build_model(spec, deeper, init_checkpoint=str(tmp_path / "ck"), new_backbone=True)
+    assert grown.config.backbone.name == "edje-tiny-clip-d8"
+    assert all(torch.equal(v, start.state_dict()[k]) for k, v in grown.state_dict().items())
+    for other in ({"num_tokens": 64}, {"width": 96}):
+        with pytest.raises(ValueError, match="adapter reads"):
+            build_model(spec, TableMetadata(**{**deeper.__dict__, **other}), init_checkpoint=str(tmp_path / "ck"),
+                        new_backbone=True)
     parse = build_parser("d", 3e-4, ("itm",)).parse_args
     assert config_from_args(parse(["--tables", "t", "--storage-path", "s", "--name", "n", "--init", "ck",
                                    "--init-on-new-backbone"])).init_on_new_backbone

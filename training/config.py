@@ -152,9 +152,10 @@ class TrainJobConfig:
     # start on the new tables than a fresh adapter under the old encoder; the check that refuses other weights is then
     # the user's to waive.
     init_on_new_backbone: bool = option(False, help="with --init: the checkpoint was trained on tokens of the same "
-                                        "backbone with other weights (the backbone trained on since); its adapter "
-                                        "starts from its own weights on the tables' tokens, and the run's checkpoints "
-                                        "name the tables' backbone weights")
+                                        "backbone with other weights (the backbone trained on since), or of another "
+                                        "tower whose tokens have the same count and width (a deeper one grown from "
+                                        "it); its adapter starts from its own weights on the tables' tokens, and the "
+                                        "run's checkpoints name the tables' backbone and weights")
     init_encoder_from: Optional[str] = option(None, convert=absolute_path,
                                               help="copy only the joint encoder from this EDJE checkpoint")
     teacher_checkpoint: Optional[str] = option(None, flag="--teacher", convert=absolute_path,

@@ -179,11 +179,17 @@ def on_backbone(model: EDJEModel, meta: TableMetadata) -> EDJEModel:
 
 
 def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str, same_weights: bool = True) -> None:
-    """Refuse a checkpoint whose adapter reads tokens of another backbone or width than the tables
-    (same_weights: also of the same backbone with other recorded weights)."""
+    """Refuse a checkpoint whose adapter reads tokens of another width, count or layer than the tables (same_weights:
+    also of another backbone, or of the same backbone with other recorded weights)."""
     if cfg.adapter.input_dim != meta.width:
         raise ValueError(f"{where}: adapter reads {cfg.adapter.input_dim}-wide tokens, the tables hold {meta.width}")
-    if cfg.backbone.name != meta.backbone or cfg.backbone.feature_layer != meta.feature_layer:
+    if cfg.adapter.kind == "local" and cfg.encoder.num_image_tokens != meta.num_tokens:
+        raise ValueError(f"{where}: adapter reads {cfg.encoder.num_image_tokens} tokens an image, the tables hold "
+                         f"{meta.num_tokens}")
+    # Another architecture with tokens of the same shape (a deeper tower grown from the one trained on) is the user's
+    # to start on, as other weights are.
+    renamed = cfg.backbone.name != meta.backbone and same_weights
+    if renamed or cfg.backbone.feature_layer != meta.feature_layer:
         raise ValueError(f"{where}: trained on {cfg.backbone.name}/{cfg.backbone.feature_layer} tokens, "
                          f"the tables hold {meta.backbone}/{meta.feature_layer}")
     if same_weights and cfg.backbone.name == SCENE_TOKENS_BACKBONE and cfg.backbone.pretrained != meta.pretrained:
