@@ -183,15 +183,15 @@ def check_backbone(cfg: EDJEConfig, meta: TableMetadata, where: str, same_weight
     also of another backbone, or of the same backbone with other recorded weights)."""
     if cfg.adapter.input_dim != meta.width:
         raise ValueError(f"{where}: adapter reads {cfg.adapter.input_dim}-wide tokens, the tables hold {meta.width}")
-    if cfg.adapter.kind == "local" and cfg.encoder.num_image_tokens != meta.num_tokens:
-        raise ValueError(f"{where}: adapter reads {cfg.encoder.num_image_tokens} tokens an image, the tables hold "
-                         f"{meta.num_tokens}")
     # Another architecture with tokens of the same shape (a deeper tower grown from the one trained on) is the user's
     # to start on, as other weights are.
     renamed = cfg.backbone.name != meta.backbone and same_weights
     if renamed or cfg.backbone.feature_layer != meta.feature_layer:
         raise ValueError(f"{where}: trained on {cfg.backbone.name}/{cfg.backbone.feature_layer} tokens, "
                          f"the tables hold {meta.backbone}/{meta.feature_layer}")
+    if cfg.adapter.kind == "local" and cfg.encoder.num_image_tokens != meta.num_tokens:
+        raise ValueError(f"{where}: adapter reads {cfg.encoder.num_image_tokens} tokens an image, the tables hold "
+                         f"{meta.num_tokens}")
     if same_weights and cfg.backbone.name == SCENE_TOKENS_BACKBONE and cfg.backbone.pretrained != meta.pretrained:
         # Scene tokens have no weights to hash: their tag names the world kind's tokenizer and its layout.
         raise ValueError(f"{where}: trained on scene tokens {cfg.backbone.pretrained}, the tables hold "
