@@ -117,6 +117,11 @@ def _register_timm_towers() -> None:
         return build(dict(img_size=128, patch_size=16, **{**convstem, "depth": 8}), kwargs)
 
     @register_model
+    def vit_edje_tiny_convstem_128_d16(pretrained: bool = False, **kwargs) -> VisionTransformer:
+        """The 128 px convolutional-stem ViT with 16 blocks: the 8-block tower grown once more, tokens unchanged."""
+        return build(dict(img_size=128, patch_size=16, **{**convstem, "depth": 16}), kwargs)
+
+    @register_model
     def vit_edje_tiny_convstem_64(pretrained: bool = False, **kwargs) -> VisionTransformer:
         """A 4-layer ViT over a convolutional stem: 64 tokens (8 x 8 grid) of 128 channels, mean-pooled.
 

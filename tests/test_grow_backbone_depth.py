@@ -7,25 +7,27 @@ from edje.model.backbone_registry import open_clip_registry
 from edje.research.grow_backbone_depth import grow, grown_state
 
 
-def test_grown_tower_gives_the_trained_towers_tokens_and_embeddings(tmp_path):
+@pytest.mark.parametrize("shallow, deeper, depth", [("edje-tiny-convvit-128", "edje-tiny-convvit-128-d8", 8),
+                                                     ("edje-tiny-convvit-128-d8", "edje-tiny-convvit-128-d16", 16)])
+def test_grown_tower_gives_the_trained_towers_tokens_and_embeddings(tmp_path, shallow, deeper, depth):
     open_clip = open_clip_registry()
     torch.manual_seed(0)
-    small = open_clip.create_model("edje-tiny-convvit-128").eval()
+    small = open_clip.create_model(shallow).eval()
     src = tmp_path / "small.safetensors"
-    save_file({k: v.contiguous() for k, v in small.state_dict().items()}, str(src), metadata={"model": "edje-tiny-convvit-128"})
-    grow(str(src), str(tmp_path / "deep.safetensors"), "edje-tiny-convvit-128-d8")
-    deep = open_clip.create_model("edje-tiny-convvit-128-d8").eval()
+    save_file({k: v.contiguous() for k, v in small.state_dict().items()}, str(src), metadata={"model": shallow})
+    grow(str(src), str(tmp_path / "deep.safetensors"), deeper)
+    deep = open_clip.create_model(deeper).eval()
     deep.load_state_dict(load_file(str(tmp_path / "deep.safetensors")))
     x = torch.randn(2, 3, 128, 128)
     with torch.no_grad():
         assert torch.equal(small.visual.trunk.forward_features(x), deep.visual.trunk.forward_features(x))
         assert torch.equal(small.encode_image(x), deep.encode_image(x))
-    assert len(deep.visual.trunk.blocks) == 8
+    assert len(deep.visual.trunk.blocks) == depth
     # The new blocks' branches start at zero output, not dead: a step moves their projections.
     deep.train()
     deep.encode_image(x).pow(2).sum().backward()
     assert deep.visual.trunk.blocks[1].attn.proj.weight.grad.abs().sum() > 0
-    assert deep.visual.trunk.blocks[7].mlp.fc2.weight.grad.abs().sum() > 0
+    assert deep.visual.trunk.blocks[depth - 1].mlp.fc2.weight.grad.abs().sum() > 0
 
 
 def test_a_depth_that_does_not_interleave_is_refused():
