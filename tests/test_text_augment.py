@@ -53,3 +53,32 @@ def test_dropping_function_words_keeps_every_content_and_spatial_word():
     assert dropped and dropped <= FUNCTION_WORDS and {"left", "above", "two"}.isdisjoint(dropped)
     with pytest.raises(ValueError, match="operations"):
         augment_batch([caption], 1.0, np.random.default_rng(0), ops=("shuffle",))
+
+
+def test_the_reranker_loop_rewrites_a_share_of_the_batch_the_same_way_on_a_resumed_run():
+    import pyarrow as pa
+
+    from edje.training.config import TrainJobConfig
+    from edje.training.loop import rewrite_captions
+    captions = [CAPTION, "the red car is above a cat", "two dogs"]
+    raw = pa.table({"image_id": ["a", "b", "c"], "caption": captions})
+    off = TrainJobConfig(tables=["t"], storage_path="s", name="n")
+    assert rewrite_captions(raw, off, rank=0, step=5) is raw  # the default: captions as written
+    cfg = TrainJobConfig(tables=["t"], storage_path="s", name="n", text_augment=1.0, text_augment_ops=("function_words",))
+    outs = [rewrite_captions(raw, cfg, rank=0, step=s).column("caption").to_pylist() for s in range(20)]
+    # Each (seed, rank, step) draws its own rewrites, and the same ones again when a resumed run reaches that step.
+    assert rewrite_captions(raw, cfg, rank=0, step=3).column("caption").to_pylist() == outs[3]
+    assert len({tuple(o) for o in outs}) > 1
+    assert any(o[0] != CAPTION for o in outs) and all(o[2] == "two dogs" for o in outs)  # no function word to drop
+    assert rewrite_captions(raw, cfg, rank=0, step=3).column("image_id").to_pylist() == ["a", "b", "c"]
+
+
+def test_the_reranker_refuses_a_rate_outside_zero_one_and_rewrites_beside_grounding():
+    from edje.training.config import TrainJobConfig
+    with pytest.raises(ValueError, match="text_augment must be in"):
+        TrainJobConfig(tables=["t"], storage_path="s", name="n", text_augment=1.5)
+    with pytest.raises(ValueError, match="augmentation operations"):
+        TrainJobConfig(tables=["t"], storage_path="s", name="n", text_augment=0.5, text_augment_ops=("shout",))
+    with pytest.raises(ValueError, match="ground objective"):
+        TrainJobConfig(tables=["t"], storage_path="s", name="n", text_augment=0.5, objectives=("itm", "ground"),
+                       grounding=("g.json",))

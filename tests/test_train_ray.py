@@ -195,21 +195,22 @@ def test_training_tables_hold_the_backbones_text_embedding_of_each_caption(pipel
 
 
 def test_pretrain_with_the_binding_levers(pipeline_tables, tmp_path, ray_local):
-    """Content-word MLM, noun swaps, attribute swaps, orientation flips, word context and the 2-D adapter position
-    reach the worker loop and the exported model (group MLM reaches it in the relation test below; the shapes world's
-    captions have no side of orientation, so that loss is logged at 0)."""
+    """Content-word MLM, noun swaps, attribute swaps, orientation flips, word context, caption rewrites and the 2-D
+    adapter position reach the worker loop and the exported model (group MLM reaches it in the relation test below;
+    the shapes world's captions have no side of orientation, so that loss is logged at 0)."""
     from edje.model.edje import load_checkpoint, read_checkpoint_config
     export, rows = _train("pretrain.py", pipeline_tables, tmp_path, "bind", ray_local.get_runtime_context().gcs_address,
                           "--adapter", "local", "--objectives", "itm", "mlm", "noun_swap", "attribute_swap", "orientation",
                           "--mlm-masking", "content",
-                          "--word-context", "3", "--adapter-position", "2d")
+                          "--word-context", "3", "--adapter-position", "2d", "--text-augment", "0.5")
     assert all(math.isfinite(r["loss_mlm"]) and 0 <= r["mlm_bind_acc"] <= 1 for r in rows), rows  # the read-out is logged
     assert all(math.isfinite(r["loss_noun_swap"]) and 0 <= r["noun_swap_acc"] <= 1 for r in rows), rows
     assert all(math.isfinite(r["loss_attribute_swap"]) and 0 <= r["attribute_swap_acc"] <= 1 for r in rows), rows
     assert all(r["loss_orientation"] == 0 for r in rows), rows
     model = load_checkpoint(str(export))
     assert model.encoder.word_context is not None and model.config.adapter.position == "2d"
-    assert read_checkpoint_config(str(export))["training"]["mlm_masking"] == "content"
+    training = read_checkpoint_config(str(export))["training"]
+    assert training["mlm_masking"] == "content" and training["text_augment"] == 0.5
 
 
 def test_relation_parts_are_added_to_an_init_checkpoint_and_grounding_trains(local_run, pipeline_tables, tmp_path, ray_local):

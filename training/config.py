@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import List, Literal, Optional, Tuple
 
+from edje.model.text_augment import ALL_OPERATIONS, check_operations
 from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
@@ -218,6 +219,14 @@ class TrainJobConfig:
         (), flag="--mlm-group-weight", nargs=2, action="append", metavar=("GROUP", "WEIGHT"), cli_default=[],
         convert=_group_weights, help="odds of GROUP being the one masked, relative to the others' 1 (--mlm-masking "
         "groups)")
+    # A reranker trained on one corpus's wordings reads other wordings less well; rewriting a share of the captions
+    # (model/text_augment.py) before the batch's negatives are drawn from them leaves rewritten and written captions
+    # as often true as false.
+    text_augment: float = option(0.0, help="share of each batch's captions rewritten each step, before its "
+                                 "negatives are drawn (model/text_augment.py; 0: none)")
+    text_augment_ops: Tuple[str, ...] = option(("function_words", "punctuate"), nargs="+", choices=list(ALL_OPERATIONS),
+                                               convert=tuple, help="the rewrites --text-augment draws from "
+                                               "(function_words: each function word dropped with probability one half)")
     mining: Literal["topk", "sample"] = option("topk")
     mining_temperature: float = option(0.05)
     negatives: NegativeSource = option("in-batch", help="in-batch: mined among the batch gathered across workers; "
@@ -279,6 +288,11 @@ class TrainJobConfig:
             raise ValueError("neighbour-cluster batches need batching='planned'")
         if self.mlm_masking not in ("random", "groups", "content"):
             raise ValueError(f"mlm_masking must be 'random', 'groups' or 'content', got {self.mlm_masking!r}")
+        if not 0.0 <= self.text_augment <= 1.0:
+            raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
+        check_operations(self.text_augment_ops)
+        if self.text_augment > 0 and "ground" in self.objectives:
+            raise ValueError("the ground objective finds its grounding by the caption as written: drop text_augment")
         if self.batch_size < 2:
             raise ValueError("batch_size must be at least 2 (negatives come from the batch)")
 

@@ -16,12 +16,14 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, Iterator, Optional, Tuple
 
+import numpy as np
 import pyarrow as pa
 import torch
 import torch.distributed as dist
 
 from edje.model.content_words import ContentWords
 from edje.model.edje import EDJEModel, load_checkpoint, save_checkpoint
+from edje.model.text_augment import augment_batch
 from edje.schemas.annotations import load_grounding
 from edje.schemas.token_table import TableMetadata, vector_matrix
 from edje.training.batches import MirrorLookup, TrainBatch, decode_batch, drop_augmented, gather_batch
@@ -278,6 +280,7 @@ def train_loop_per_worker(config: dict) -> None:
         else:
             batches = streamed_batches(cfg, shard, pos)
         for i, raw in batches:
+            raw = rewrite_captions(raw, cfg, rank, pos.step)
             batch, neg, t_logits, t_pass = step_inputs(raw, meta, device, miner_cfg, generator, miner, teacher, mirrors,
                                                         teacher_route, route_mirror, teacher_cells)
             out = train_step(wrapped, objectives, optimizer, batch, neg, learning_rate(cfg, pos.step, total_steps), t_logits,
@@ -298,6 +301,19 @@ def train_loop_per_worker(config: dict) -> None:
             report(True)
     if resume is not None and not last_metrics and rank == 0:
         print(f"[rank {rank}] nothing left to do at step {pos.step}", flush=True)
+
+
+def rewrite_captions(raw: pa.Table, cfg: TrainJobConfig, rank: int, step: int) -> pa.Table:
+    """The batch's rows with cfg.text_augment of their captions rewritten, drawn from (seed, rank, step) so that a
+    resumed run rewrites each batch as the first run did."""
+    if cfg.text_augment <= 0:
+        return raw
+    rng = np.random.default_rng((cfg.seed, rank, step))
+    captions, rows = augment_batch(raw.column("caption").to_pylist(), cfg.text_augment, rng, ops=cfg.text_augment_ops)
+    if not rows:
+        return raw
+    i = raw.schema.get_field_index("caption")
+    return raw.set_column(i, raw.schema.field(i), pa.array(captions, raw.schema.field(i).type))
 
 
 def step_inputs(raw: pa.Table, meta: TableMetadata, device: torch.device, miner_cfg: MinerConfig,
