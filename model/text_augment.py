@@ -32,6 +32,14 @@ def check_operations(ops: Sequence[str]) -> None:
         raise ValueError(f"augmentation operations must be some of {ALL_OPERATIONS}, got {tuple(ops)}")
 
 
+def check_text_augment(rate: float, ops: Sequence[str]) -> None:
+    """ValueError unless `rate` (a share of captions) is in [0, 1] and `ops` names some of ALL_OPERATIONS: a job's
+    options are checked when it starts, not at its first augmented batch minutes later."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"text_augment must be in [0, 1], got {rate}")
+    check_operations(ops)
+
+
 def augment_caption(caption: str, rng: np.random.Generator, alpha: float = 0.1,
                     ops: Sequence[str] = OPERATIONS) -> str:
     """``caption`` with one of `ops` drawn at random: ``max(1, alpha * words)`` random swaps, each word deleted with

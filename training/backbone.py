@@ -26,7 +26,7 @@ from edje.model.backbone import is_hf_text, text_embeddings_of_ids
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
 from edje.model.recall import embedding_recall
-from edje.model.text_augment import ALL_OPERATIONS, OPERATIONS, augment_batch, check_operations
+from edje.model.text_augment import ALL_OPERATIONS, OPERATIONS, augment_batch, check_text_augment
 from edje.sampleworld.captions import colour_caption, shape_caption
 from edje.sampleworld.registry import scene_from_json
 from edje.sampleworld.scene import Scene
@@ -152,9 +152,7 @@ class BackboneTrainConfig:
             raise ValueError(f"mirror_fraction must be in [0, 1], got {self.mirror_fraction}")
         if self.orientation_text_margin is not None and not self.orientation_negatives:
             raise ValueError("orientation_text_margin works on the orientation negatives: set orientation_negatives")
-        if not 0.0 <= self.text_augment <= 1.0:
-            raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
-        check_operations(self.text_augment_ops)  # here, not at the first augmented batch minutes later
+        check_text_augment(self.text_augment, self.text_augment_ops)
         if self.lock_image and not self.init:
             raise ValueError("lock_image keeps the image tower of --init: give init=<backbone .safetensors>")
         if self.mirror_fraction > 0 and (self.shape_caption_rate or self.colour_caption_rate

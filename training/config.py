@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import List, Literal, Optional, Tuple
 
-from edje.model.text_augment import ALL_OPERATIONS, check_operations
+from edje.model.text_augment import ALL_OPERATIONS, check_text_augment
 from edje.schemas.cli_options import option
 from edje.training.sampler import CurriculumConfig
 
@@ -288,9 +288,7 @@ class TrainJobConfig:
             raise ValueError("neighbour-cluster batches need batching='planned'")
         if self.mlm_masking not in ("random", "groups", "content"):
             raise ValueError(f"mlm_masking must be 'random', 'groups' or 'content', got {self.mlm_masking!r}")
-        if not 0.0 <= self.text_augment <= 1.0:
-            raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
-        check_operations(self.text_augment_ops)
+        check_text_augment(self.text_augment, self.text_augment_ops)
         if self.text_augment > 0 and "ground" in self.objectives:
             raise ValueError("the ground objective finds its grounding by the caption as written: drop text_augment")
         if self.batch_size < 2:

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from edje.model.backbone import is_hf_text, text_embeddings_of_ids
 from edje.model.backbone_registry import open_clip_registry
 from edje.model.image_decode import load_image_files
-from edje.model.text_augment import ALL_OPERATIONS, augment_batch, check_operations
+from edje.model.text_augment import ALL_OPERATIONS, augment_batch, check_text_augment
 from edje.schemas.annotations import load_annotations
 from edje.schemas.cli_options import option
 from edje.training.backbone import (
@@ -94,9 +94,7 @@ class TextDistillConfig:
     def __post_init__(self):
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        if not 0.0 <= self.text_augment <= 1.0:
-            raise ValueError(f"text_augment must be in [0, 1], got {self.text_augment}")
-        check_operations(self.text_augment_ops)
+        check_text_augment(self.text_augment, self.text_augment_ops)
         if self.bank_weight < 0:
             raise ValueError(f"bank_weight must be >= 0, got {self.bank_weight}")
 
