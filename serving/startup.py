@@ -35,6 +35,8 @@ class StartupConfig:
     proxy_health_period_s: float = 20.0  # Serve's default is 10 s
     attempts: int = option(3, flag="--start-attempts", help="tries to bring Serve up before giving up")
     retry_wait_s: float = 5.0
+    # serve.shutdown gives the controller 30 s and then returns with the controller still exiting.
+    shutdown_wait_s: float = 120.0
     healthy_timeout_s: float = option(300.0, flag="--ready-timeout",
                                       help="seconds per attempt until a proxy is healthy and GET /healthz answers 200 "
                                       "(default %(default)s)")
@@ -92,6 +94,22 @@ def wait_proxy_healthy(timeout_s: float) -> None:
     raise TimeoutError(f"no HTTP proxy reported healthy within {timeout_s:.0f} s (proxies: {proxies or 'none'})")
 
 
+def wait_controller_gone(timeout_s: float) -> bool:
+    """Poll until Serve's controller has left the cluster (its name is free); False if still there after timeout_s."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        except ValueError:
+            return True
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
 def start_serve(build: Callable[[], object], name: str, route_prefix: str, host: str, port: int, url: str,
                 startup: StartupConfig) -> int:
     """serve.start, a healthy proxy, serve.run, /healthz: up to startup.attempts times; returns the attempts used."""
@@ -119,6 +137,9 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
                 serve.shutdown()  # a half-started controller or proxy would answer the next attempt
             except Exception:
                 pass
+            # The next serve.start looks the controller up by name: a dying one would be reused and fail it.
+            if not wait_controller_gone(startup.shutdown_wait_s):
+                log.warning("Serve's controller was still exiting %.0f s after serve.shutdown", startup.shutdown_wait_s)
             if attempt < startup.attempts:
                 time.sleep(startup.retry_wait_s * attempt)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

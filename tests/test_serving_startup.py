@@ -161,3 +161,40 @@ def test_a_start_that_cannot_succeed_is_retried_then_refused_with_the_reason(cor
     assert "did not come up healthy in 2 attempts" in message and "attempt 1:" in message and "attempt 2:" in message
     assert "--proxy-timeout" in message and "Load average" in message
     assert message.count("no HTTP proxy reported healthy") == 2 and "Deploying" not in run.stdout + run.stderr
+
+
+def test_a_retry_starts_a_new_controller_after_a_shutdown_that_returned_early(ray_local, monkeypatch):
+    """serve.shutdown returns once its own wait for the controller runs out, with the controller still exiting
+    (forced here by a zero wait). The next attempt must start a new controller, not reuse the dying one."""
+    from ray import serve
+    from ray.serve._private.client import ServeControllerClient
+
+    from edje.serving.startup import StartupConfig, start_serve, wait_controller_gone
+
+    shutdown = ServeControllerClient.shutdown
+    monkeypatch.setattr(ServeControllerClient, "shutdown", lambda self, timeout_s=30.0: shutdown(self, timeout_s=0.0))
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    class Healthy:
+        def __call__(self, request) -> str:
+            return "ok"
+
+    controllers, builds = [], []
+
+    def build():
+        controllers.append(serve.context._get_global_client()._controller._actor_id)
+        builds.append(len(builds) + 1)
+        if len(builds) == 1:
+            raise RuntimeError("the first attempt's replicas fail")
+        return Healthy.bind()
+
+    port = free_port()
+    try:
+        attempts = start_serve(build, "early", "/", "127.0.0.1", port, f"http://127.0.0.1:{port}",
+                               StartupConfig(attempts=2, retry_wait_s=0.0, healthy_timeout_s=120.0))
+        assert attempts == 2 and builds == [1, 2]
+        assert controllers[0] != controllers[1]  # a new controller, not the one that was exiting
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
+    finally:
+        serve.shutdown()
+    assert wait_controller_gone(60.0)
