@@ -95,7 +95,7 @@ def wait_proxy_healthy(timeout_s: float) -> None:
 
 
 def wait_controller_gone(timeout_s: float) -> bool:
-    """Poll until Serve's controller has left the cluster (its name is free); False if still there after timeout_s."""
+    """Poll until Serve's controller has left the cluster (its name is free); False after timeout_s or no answer."""
     import ray
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
@@ -105,6 +105,8 @@ def wait_controller_gone(timeout_s: float) -> bool:
             ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         except ValueError:
             return True
+        except Exception:  # the cluster did not answer: the next attempt reports its own error
+            return False
         if time.time() >= deadline:
             return False
         time.sleep(0.5)
