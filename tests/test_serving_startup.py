@@ -1,6 +1,7 @@
 """Starting the application the ways a user does, as subprocesses with their own local Ray:
 `jobs/serve.py --address local` while two CPU hogs hold both cores, and `serve run serve_config.yaml`.
-Both must come up healthy, bound to loopback only."""
+Both must come up healthy, bound to loopback only. A start that cannot succeed is refused with its reason, and
+(in process) a retry waits for the last attempt's Serve controller to exit."""
 from __future__ import annotations
 
 import json
