@@ -139,10 +139,11 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
                 serve.shutdown()  # a half-started controller or proxy would answer the next attempt
             except Exception:
                 pass
-            # The next serve.start looks the controller up by name: a dying one would be reused and fail it.
-            if not wait_controller_gone(startup.shutdown_wait_s):
-                log.warning("Serve's controller was still exiting %.0f s after serve.shutdown", startup.shutdown_wait_s)
             if attempt < startup.attempts:
+                # The next serve.start looks the controller up by name: a dying one would be reused and fail it.
+                if not wait_controller_gone(startup.shutdown_wait_s):
+                    log.warning("Serve's controller was still exiting %.0f s after serve.shutdown",
+                                startup.shutdown_wait_s)
                 time.sleep(startup.retry_wait_s * attempt)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     raise ServeStartError(
