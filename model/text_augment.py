@@ -33,8 +33,8 @@ def check_operations(ops: Sequence[str]) -> None:
 
 
 def check_text_augment(rate: float, ops: Sequence[str]) -> None:
-    """ValueError unless `rate` (a share of captions) is in [0, 1] and `ops` names some of ALL_OPERATIONS: a job's
-    options are checked when it starts, not at its first augmented batch minutes later."""
+    """ValueError unless `rate` (a share of captions) is in [0, 1] and `ops` names some of ALL_OPERATIONS."""
+    # Called by the configs, so that a job's options fail when it starts, not at its first augmented batch.
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"text_augment must be in [0, 1], got {rate}")
     check_operations(ops)
