@@ -166,13 +166,17 @@ def test_finetune_starts_from_the_init_checkpoint(local_run, pipeline_tables, tm
 
 
 def test_distill_trains_a_compressed_student_on_the_teachers_scores(local_run, pipeline_tables, tmp_path, ray_local):
-    from edje.model.edje import load_checkpoint
+    from edje.model.edje import load_checkpoint, read_checkpoint_config
     teacher_dir, _ = local_run
     export, rows = _train("distill.py", pipeline_tables, tmp_path, "distill", ray_local.get_runtime_context().gcs_address,
-                          "--teacher", str(teacher_dir), "--adapter", "compressed", "--num-queries", "8", "--seed", "1")
+                          "--teacher", str(teacher_dir), "--adapter", "compressed", "--num-queries", "8", "--seed", "1",
+                          "--itm-first-stage-weight", "8")
     # The distillation loss is computed against the teacher's logits on every step.
     assert all("loss_distill" in r and "loss_itm" in r for r in rows), rows
     assert all(math.isfinite(r["loss_distill"]) and r["loss_distill"] > 0 for r in rows), rows
+    # ITM on the fused score: the first stage's own accuracy on the mined pairs is logged beside the fused one.
+    assert all(0 <= r["first_stage_acc"] <= 1 and 0 <= r["itm_fused_acc"] <= 1 for r in rows), rows
+    assert read_checkpoint_config(str(export))["training"]["itm_first_stage_weight"] == 8.0
     student, teacher = load_checkpoint(str(export)), load_checkpoint(str(teacher_dir))
     assert student.config.adapter.kind == "compressed" and student.config.encoder.num_image_tokens == 8
     # The student's joint encoder starts from the teacher's: two steps at lr <= 3e-4 stay close to it.

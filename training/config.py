@@ -187,6 +187,11 @@ class TrainJobConfig:
                               "difference)")
     align_temperature: float = option(0.05, help="temperature of the word_align objective's in-batch cross-entropy over "
                                       "the mean best cosine of a caption's content words to an image's tokens")
+    # Served, a reranker is ranked by its ITM logit + w x the first stage's cosine. Trained on that sum, the ITM
+    # loss of a pair the first stage already orders saturates, so the gradient goes to pairs the first stage misorders.
+    itm_first_stage_weight: float = option(0.0, help="train the itm objective on each pair's logit + this x the first "
+                                           "stage's cosine (the tables' embeddings; in-batch negatives; 0: the "
+                                           "logit alone)")
     # Each --loss-weight OBJECTIVE WEIGHT replaces one of these (LOSS_WEIGHTS).
     loss_weights: Tuple[Tuple[str, float], ...] = option(
         LOSS_WEIGHTS, flag="--loss-weight", nargs=2, action="append", metavar=("OBJECTIVE", "WEIGHT"), cli_default=[],
@@ -276,6 +281,13 @@ class TrainJobConfig:
         if "route_mirror" in self.objectives and self.flip_mode != "square":
             raise ValueError("the route_mirror objective reads the flip square's mirrored images: set flip_mode "
                              "'square'")
+        if self.itm_first_stage_weight < 0:
+            raise ValueError(f"itm_first_stage_weight must be >= 0, got {self.itm_first_stage_weight}")
+        if self.itm_first_stage_weight and ("itm" not in self.objectives or self.negatives != "in-batch"
+                                            or self.text_augment > 0):
+            # The cosines come from the tables' embeddings of in-batch rows, of each caption as written.
+            raise ValueError("itm_first_stage_weight shifts the itm objective by the first stage's cosines of in-batch "
+                             "negatives: it needs the itm objective, negatives='in-batch' and no text_augment")
         if not self.align_temperature > 0:
             raise ValueError(f"align_temperature must be > 0, got {self.align_temperature}")
         if self.negatives == "miner" and not self.miner_url:

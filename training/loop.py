@@ -219,7 +219,8 @@ def train_loop_per_worker(config: dict) -> None:
     objectives = EDJEObjectives(model, cfg.objectives, weights, groups, grounding, cfg.flip_mode,
                                 config.get("flip_balance"), cfg.pointer_k, align_temperature=cfg.align_temperature,
                                 noun_swaps=config.get("noun_swaps"), orientation_balance=config.get("orientation_balance"),
-                                attribute_swaps=config.get("attribute_swaps"), seed=cfg.seed * 1000 + rank + pos.step)
+                                attribute_swaps=config.get("attribute_swaps"),
+                                first_stage_weight=cfg.itm_first_stage_weight, seed=cfg.seed * 1000 + rank + pos.step)
     mirrors = MirrorLookup(config["mirror_paths"]) if cfg.flip_mode == "square" else None
     # Heads that an objective set leaves unused (MLM, recovery when fine-tuning) get no gradient.
     wrapped = ray.train.torch.prepare_model(objectives, parallel_strategy_kwargs={"find_unused_parameters": True})

@@ -17,6 +17,10 @@ class Negatives:
 
     image_tokens: torch.Tensor  # [B, k, n, d]
     captions: List[List[str]]  # [B][k]
+    # The first stage's cosines of the same pairs: each caption with its negative images, each image with its negative
+    # captions [B, k] (in-batch mining has the embeddings at hand; the miner service does not return them).
+    image_cos: Optional[torch.Tensor] = None
+    text_cos: Optional[torch.Tensor] = None
 
 
 def in_batch_negatives(cfg: MinerConfig, local: TrainBatch, gathered: TrainBatch, generator: Optional[torch.Generator] = None) -> Negatives:
@@ -26,7 +30,9 @@ def in_batch_negatives(cfg: MinerConfig, local: TrainBatch, gathered: TrainBatch
         local.image_ids, local.captions, gathered.image_ids, gathered.captions, generator=generator)
     tokens = gathered.tokens[neg_img.reshape(-1)].reshape(len(local), cfg.k, *gathered.tokens.shape[1:])
     caps = [[gathered.captions[j] for j in row] for row in neg_txt.tolist()]
-    return Negatives(tokens.to(local.tokens.dtype), caps)
+    image_cos = (local.text_emb.float()[:, None] * gathered.image_emb.float()[neg_img]).sum(-1)
+    text_cos = (local.image_emb.float()[:, None] * gathered.text_emb.float()[neg_txt]).sum(-1)
+    return Negatives(tokens.to(local.tokens.dtype), caps, image_cos, text_cos)
 
 
 class TokenLookup:

@@ -1,6 +1,7 @@
 """EDJE training objectives in one module forward (so DDP sees one forward per step).
 
-ITM over the positive and k hard negatives in both directions, MLM on the positive pairs,
+ITM over the positive and k hard negatives in both directions (on the logits alone, or on the ranking rule's fused
+score: each logit + w x the first stage's cosine of its pair), MLM on the positive pairs,
 text-embedding recovery from the text-only [CLS], distillation of a teacher's ITM logits
 on exactly the pairs the student scores, grounding: each grounded caption word of a positive
 pair regresses its object's centre from a middle layer (read from the same forward as ITM),
@@ -81,6 +82,14 @@ def pair_layout(batch: TrainBatch, neg: Negatives):
     return texts, b, k
 
 
+def first_stage_cosines(batch: TrainBatch, neg: Negatives) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first stage's cosines of the scored pairs: positives [B], (caption, negative image) and (negative caption,
+    image) [B, k], from the tables' embeddings."""
+    if neg.image_cos is None or neg.text_cos is None:
+        raise ValueError("the first stage's cosines of the negatives come from in-batch mining, not the miner service")
+    return (batch.text_emb.float() * batch.image_emb.float()).sum(-1), neg.image_cos, neg.text_cos
+
+
 class EDJEObjectives(nn.Module):
     """Wraps EDJEModel; forward(batch, negatives, teacher_logits, teacher_pass) -> dict of losses and ITM accuracy."""
 
@@ -89,7 +98,7 @@ class EDJEObjectives(nn.Module):
                  flip_mode: str = "caption", flip_balance: Optional[FlipBalance] = None,
                  pointer_k: float = 10.0, align_temperature: float = 0.05, noun_swaps: Optional[NounSwaps] = None,
                  orientation_balance: Optional[FlipBalance] = None, attribute_swaps: Optional[AttributeSwaps] = None,
-                 seed: int = 0):
+                 first_stage_weight: float = 0.0, seed: int = 0):
         super().__init__()
         self.model = model
         self.objectives = tuple(objectives)
@@ -136,6 +145,7 @@ class EDJEObjectives(nn.Module):
         self.attribute_swaps = attribute_swaps
         self.orientation_balance = orientation_balance
         self.align_temperature = align_temperature
+        self.first_stage_weight = first_stage_weight
         self.grounding = grounding  # (image id, caption) -> [words, 3] of (word index, centre x, centre y)
         self._positions: Dict[Tuple[str, str], Tuple[list, np.ndarray]] = {}  # captions recur every epoch
 
@@ -171,6 +181,9 @@ class EDJEObjectives(nn.Module):
                 logits = encoder.score(texts, pairs)
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
+            if self.first_stage_weight and "itm" in self.objectives:  # what the fused loss trains, and its start
+                out["itm_fused_acc"] = itm_accuracy(*self._itm_logits(batch, neg, pos_l, negi_l, negt_l)).detach()
+                out["first_stage_acc"] = itm_accuracy(*first_stage_cosines(batch, neg)).detach()
         if "flip" in self.objectives:
             out.update(self._flip_square(batch, pos, pos_l, route, teacher_pass) if self.flip_mode == "square" else
                        self._flip_caption(batch, pos, pos_l))
@@ -198,7 +211,7 @@ class EDJEObjectives(nn.Module):
             out["loss_ground"] = self._ground_loss(batch, centres[:b])
             total = total + self.weights.get("ground", 1.0) * out["loss_ground"]
         if "itm" in self.objectives:
-            out["loss_itm"] = itm_loss(pos_l, negi_l, negt_l)
+            out["loss_itm"] = itm_loss(*self._itm_logits(batch, neg, pos_l, negi_l, negt_l))
             total = total + self.weights.get("itm", 1.0) * out["loss_itm"]
         if "mlm" in self.objectives:
             policy = self.word_groups.mask_policy if self.word_groups is not None else None
@@ -261,6 +274,16 @@ class EDJEObjectives(nn.Module):
         swapped = [self.attribute_swaps.swap(c, self._swap_rng) for c in batch.captions]
         return caption_negatives_loss(self.model, "attribute_swap", [s and s[0] for s in swapped],
                                       [s[1] if s else 0.0 for s in swapped], pos, pos_l)
+
+    def _itm_logits(self, batch: TrainBatch, neg: Negatives, pos_l: torch.Tensor, negi_l: torch.Tensor,
+                    negt_l: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ITM loss's logits: the pairs' own, or with first_stage_weight x the first stage's cosine of each pair
+        added (the ranking rule's fusion)."""
+        w = self.first_stage_weight
+        if not w:
+            return pos_l, negi_l, negt_l
+        pos_cos, image_cos, text_cos = first_stage_cosines(batch, neg)
+        return pos_l + w * pos_cos, negi_l + w * image_cos, negt_l + w * text_cos
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
