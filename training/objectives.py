@@ -181,9 +181,14 @@ class EDJEObjectives(nn.Module):
                 logits = encoder.score(texts, pairs)
             pos_l, negi_l, negt_l = logits[:b], logits[b:b + b * k].view(b, k), logits[b + b * k:].view(b, k)
             out["itm_acc"] = itm_accuracy(pos_l, negi_l, negt_l).detach()
-            if self.first_stage_weight and "itm" in self.objectives:  # what the fused loss trains, and its start
-                out["itm_fused_acc"] = itm_accuracy(*self._itm_logits(batch, neg, pos_l, negi_l, negt_l)).detach()
-                out["first_stage_acc"] = itm_accuracy(*first_stage_cosines(batch, neg)).detach()
+            # The ITM loss's logits: the pairs' own, or with first_stage_weight x the first stage's cosine of each
+            # pair added (the ranking rule's fusion), logged with the first stage's own accuracy on those pairs.
+            itm_logits = (pos_l, negi_l, negt_l)
+            if self.first_stage_weight:
+                cosines = first_stage_cosines(batch, neg)
+                itm_logits = tuple(x + self.first_stage_weight * c for x, c in zip(itm_logits, cosines))
+                out["itm_fused_acc"] = itm_accuracy(*itm_logits).detach()
+                out["first_stage_acc"] = itm_accuracy(*cosines).detach()
         if "flip" in self.objectives:
             out.update(self._flip_square(batch, pos, pos_l, route, teacher_pass) if self.flip_mode == "square" else
                        self._flip_caption(batch, pos, pos_l))
@@ -211,7 +216,7 @@ class EDJEObjectives(nn.Module):
             out["loss_ground"] = self._ground_loss(batch, centres[:b])
             total = total + self.weights.get("ground", 1.0) * out["loss_ground"]
         if "itm" in self.objectives:
-            out["loss_itm"] = itm_loss(*self._itm_logits(batch, neg, pos_l, negi_l, negt_l))
+            out["loss_itm"] = itm_loss(*itm_logits)
             total = total + self.weights.get("itm", 1.0) * out["loss_itm"]
         if "mlm" in self.objectives:
             policy = self.word_groups.mask_policy if self.word_groups is not None else None
@@ -274,16 +279,6 @@ class EDJEObjectives(nn.Module):
         swapped = [self.attribute_swaps.swap(c, self._swap_rng) for c in batch.captions]
         return caption_negatives_loss(self.model, "attribute_swap", [s and s[0] for s in swapped],
                                       [s[1] if s else 0.0 for s in swapped], pos, pos_l)
-
-    def _itm_logits(self, batch: TrainBatch, neg: Negatives, pos_l: torch.Tensor, negi_l: torch.Tensor,
-                    negt_l: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The ITM loss's logits: the pairs' own, or with first_stage_weight x the first stage's cosine of each pair
-        added (the ranking rule's fusion)."""
-        w = self.first_stage_weight
-        if not w:
-            return pos_l, negi_l, negt_l
-        pos_cos, image_cos, text_cos = first_stage_cosines(batch, neg)
-        return pos_l + w * pos_cos, negi_l + w * image_cos, negt_l + w * text_cos
 
     def _flip_square(self, batch: TrainBatch, pos: torch.Tensor, pos_l: torch.Tensor,
                      route: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
