@@ -133,7 +133,7 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
         except Exception as e:
             if _is_config_error(e):
                 raise
-            errors.append(f"attempt {attempt}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            errors.append(f"attempt {attempt}: {attempt_error(e)}")
             log.warning("Serve start-up %s", errors[-1])
             try:
                 serve.shutdown()  # a half-started controller or proxy would answer the next attempt
@@ -151,6 +151,20 @@ def start_serve(build: Callable[[], object], name: str, route_prefix: str, host:
         f"(proxy ready check {startup.proxy_ready_timeout_s:.0f} s, /healthz wait {startup.healthy_timeout_s:.0f} s). "
         f"Load average {load:.1f} on {os.cpu_count()} CPUs: other processes may hold every core. Free CPUs, or raise "
         f"--proxy-timeout / --start-attempts. Errors: " + " | ".join(errors))
+
+
+def attempt_error(e: BaseException) -> str:
+    """One line for a failed attempt: the error's type and first line, or, for the proxy that Serve's controller
+    killed while serve.start waited on it, what that means."""
+    from ray.exceptions import RayActorError
+
+    text = str(e)
+    # Ray names the dead actor's class only in the message: a proxy killed during serve.start failed the same
+    # readiness checks that wait_proxy_healthy would have timed out on, only sooner.
+    if isinstance(e, RayActorError) and "class_name: ProxyActor" in text:
+        return (f"{type(e).__name__}: no HTTP proxy reported healthy: Serve's controller killed the proxy "
+                "after it failed its readiness checks")
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _is_config_error(e: BaseException) -> bool:
